@@ -1,0 +1,1 @@
+"""Textual apps (the chat TUI). Installed as `dgpo_edge.apps`."""

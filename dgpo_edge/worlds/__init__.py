@@ -1,0 +1,1 @@
+"""Benchmark worlds: offline corpora with generated QA sets (FactbookQA)."""

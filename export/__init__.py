@@ -1,0 +1,1 @@
+"""Export stage (GGUF, ONNX, bundles). Installed as `dgpo_edge.export`."""

@@ -1,0 +1,18 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# The read-only data folder lives beside the checkout: <parent>/shared.
+SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """Path of ../shared, or skip the test when this checkout has none beside it."""
+    if not SHARED_DIR.is_dir():
+        pytest.skip(f"needs the shared data folder {SHARED_DIR} (absent)")
+    return SHARED_DIR
