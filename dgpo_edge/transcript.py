@@ -11,11 +11,14 @@ encoded on its own. The whole text is never re-tokenized, because BPE merges
 can cross a segment boundary (e.g. a turn ending in "\\n" followed by the
 feedback's leading "\\n" would become one "\\n\\n" token), which would shift the
 loss mask and break the prefix an inference engine has already cached. Decoding
-the concatenated ids always gives back `transcript.text` exactly. At the
-boundaries the protocol normally produces (a turn ending in `</search>` or
-`</answer>`, blocks starting with "\\n\\n<information>"), segment-wise and
-whole-text tokenization agree for the Qwen2 BPE; tests/test_transcript.py
-checks both the agreement and the documented counterexample.
+the concatenated ids always gives back `transcript.text` exactly. Segment-wise
+ids are also what Search-R1 trains on (it tokenizes responses and observations
+separately). Whole-text tokenization is *not* a substitute, even at the normal
+boundaries: the Qwen2 pre-tokenizer glues a punctuation run to the newlines
+after it, so a turn ending in `</search>` followed by "\\n\\n<information>" is
+">" + "\\n\\n" segment-wise but one ">\\n\\n" token whole. Forced text followed
+by a turn (prompt, information, feedback -> turn) does agree.
+tests/test_transcript.py checks which boundaries agree and which differ.
 """
 
 from __future__ import annotations
