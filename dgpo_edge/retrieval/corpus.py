@@ -1,0 +1,314 @@
+"""Streaming corpus readers: every source becomes an iterator of `Passage`.
+
+Three inputs are understood (DESIGN §3):
+
+- a Search-R1/FlashRAG jsonl file, one `{"id", "contents": "\\"Title\\"\\ntext"}` per line;
+- a folder of .txt/.md notes, cut into ~100-word passages titled by file name
+  and nearest markdown heading;
+- a FactbookQA directory (corpus.jsonl + stats.json), i.e. its corpus.jsonl.
+
+Readers never hold the corpus in memory (wiki-18 is 21M passages, 14 GB): jsonl
+is read line by line and folders file by file. Order is deterministic, because
+the i-th passage yielded becomes row i of the store and of any FAISS index.
+Bad input raises `InputError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import InputError
+from ..jsonio import read_jsonl
+from ..protocol import Passage
+
+TEXT_SUFFIXES = (".txt", ".md")
+FACTBOOK_FILES = ("corpus.jsonl", "stats.json")
+DEFAULT_WORDS = 100
+
+
+# --- format detection --------------------------------------------------------------
+
+def detect_format(path: str | Path) -> str:
+    """'jsonl', 'factbook' or 'text' (a .txt/.md file or a folder of them).
+
+    Decided from the path alone, so a wrong guess fails fast with a message
+    instead of after reading gigabytes.
+    """
+    path = Path(path)
+    if path.is_dir():
+        if all((path / name).is_file() for name in FACTBOOK_FILES):
+            return "factbook"
+        return "text"
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
+            return "jsonl"
+        if suffix in TEXT_SUFFIXES:
+            return "text"
+        raise InputError("unknown corpus format: expected a .jsonl file, a folder of .txt/.md "
+                         "files, or a FactbookQA folder (corpus.jsonl + stats.json)", path)
+    raise InputError("no such file or folder", path)
+
+
+def iter_corpus(path: str | Path, words: int = DEFAULT_WORDS) -> Iterator[Passage]:
+    """Passages of any supported corpus, in a deterministic order.
+
+    `words` is the target passage length for .txt/.md input (jsonl passages are
+    taken as they are: their ids and rows must match published indexes).
+    """
+    fmt = detect_format(path)
+    if fmt == "jsonl":
+        return iter_jsonl_corpus(path)
+    if fmt == "factbook":
+        return iter_factbook(path)
+    return iter_text_corpus(path, words=words)
+
+
+def count_lines(path: str | Path, block: int = 1 << 20) -> int:
+    """Number of lines in a file (blank ones included), read in binary blocks.
+
+    A cheap progress total for jsonl corpora: counting newlines in 1 MiB blocks
+    takes seconds on wiki-18, where parsing every line would take minutes.
+    """
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+def size_hint(path: str | Path) -> int | None:
+    """Expected number of passages, for a progress bar; None when unknown.
+
+    Folders of notes are only known after chunking them, so they get None.
+    """
+    fmt = detect_format(path)
+    if fmt == "jsonl":
+        return count_lines(path)
+    if fmt == "factbook":
+        return count_lines(Path(path) / "corpus.jsonl")
+    return None
+
+
+# --- Search-R1 / FlashRAG jsonl -------------------------------------------------------
+
+def iter_jsonl_corpus(path: str | Path) -> Iterator[Passage]:
+    """Passages of a `{"id", "contents"}` jsonl file, validated line by line.
+
+    Rejects (naming file and line) a missing or non-string `contents`, a missing
+    or non-scalar `id`, a duplicate id, and text that cannot be stored as UTF-8;
+    an empty file raises too, since an empty index is never what was meant.
+    """
+    path = Path(path)
+    seen = SeenIds()
+    n = 0
+    for lineno, row in read_jsonl(path):
+        pid = _row_id(row, path, lineno)
+        contents = row.get("contents")
+        if contents is None:
+            raise InputError('missing "contents"', path, lineno)
+        if not isinstance(contents, str):
+            raise InputError(f'"contents" must be a string, got {type(contents).__name__}', path, lineno)
+        _check_encodable(contents, path, lineno)
+        if not seen.add(pid):
+            raise InputError(f"duplicate id {pid!r}", path, lineno)
+        n += 1
+        yield Passage(pid, contents)
+    if n == 0:
+        raise InputError("empty corpus: no passages", path)
+
+
+def iter_factbook(folder: str | Path) -> Iterator[Passage]:
+    """The passages of a FactbookQA directory (its corpus.jsonl)."""
+    return iter_jsonl_corpus(Path(folder) / "corpus.jsonl")
+
+
+def _row_id(row: dict, path: Path, lineno: int) -> str:
+    """The row's id as a string; FlashRAG corpora sometimes store integers."""
+    pid = row.get("id")
+    if pid is None:
+        raise InputError('missing "id"', path, lineno)
+    if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+        raise InputError(f'"id" must be a string or an integer, got {type(pid).__name__}', path, lineno)
+    pid = str(pid)
+    _check_encodable(pid, path, lineno)
+    return pid
+
+
+def _check_encodable(text: str, path: Path, lineno: int) -> None:
+    """JSON can carry lone surrogates ("\\ud800") that SQLite and zstd cannot store."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"text is not valid Unicode ({e.reason} at character {e.start})",
+                         path, lineno) from None
+
+
+class SeenIds:
+    """A set of passage ids that stays small for wiki-18's 21M numeric ids.
+
+    Canonical decimal ids ("0", "17", not "017") go into a growable bitmap (21M
+    ids: 2.6 MB) instead of a Python set (about 1.5 GB); other ids use a set.
+    """
+
+    MAX_BITMAP_ID = 1 << 28  # caps the bitmap at 32 MiB whatever the ids say
+
+    def __init__(self) -> None:
+        self._bits = bytearray()
+        self._other: set[str] = set()
+
+    def add(self, pid: str) -> bool:
+        """Record `pid`; False when it was already there."""
+        if pid.isascii() and pid.isdigit() and (pid == "0" or pid[0] != "0"):
+            i = int(pid)
+            if i < self.MAX_BITMAP_ID:
+                return self._add_bit(i)
+        if pid in self._other:
+            return False
+        self._other.add(pid)
+        return True
+
+    def _add_bit(self, i: int) -> bool:
+        byte, bit = divmod(i, 8)
+        if byte >= len(self._bits):
+            self._bits.extend(bytes(max(byte + 1 - len(self._bits), len(self._bits))))
+        if self._bits[byte] >> bit & 1:
+            return False
+        self._bits[byte] |= 1 << bit
+        return True
+
+
+# --- folders of .txt / .md notes ------------------------------------------------------
+
+def iter_text_corpus(path: str | Path, words: int = DEFAULT_WORDS) -> Iterator[Passage]:
+    """~`words`-word passages of every .txt/.md file under `path` (or of one file).
+
+    Files are visited in sorted relative-path order and hidden files and folders
+    (.git, .obsidian, …) are skipped, so the same folder always gives the same
+    rows. Ids are `relative/path.md#k` with k counting from 0 within the file.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise InputError("no such file or folder", root)
+    files = [(root.name, root)] if root.is_file() else _text_files(root)
+    n = 0
+    for rel, file in files:
+        for k, (title, text) in enumerate(chunk_document(read_text_file(file), file.name, words)):
+            n += 1
+            yield Passage(f"{rel}#{k}", f'"{title}"\n{text}')
+    if n == 0:
+        raise InputError("empty corpus: no text in any .txt or .md file", root)
+
+
+def _text_files(root: Path) -> list[tuple[str, Path]]:
+    """(relative posix path, path) of the .txt/.md files under `root`, sorted.
+
+    os.walk without following symlinks: a link back up the tree cannot loop.
+    """
+    found = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in names:
+            if not name.startswith(".") and name.lower().endswith(TEXT_SUFFIXES):
+                file = Path(folder) / name
+                found.append((file.relative_to(root).as_posix(), file))
+    return sorted(found)
+
+
+def read_text_file(path: Path) -> str:
+    """The file's text; non-UTF-8 bytes raise InputError naming file and line."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise InputError(f"not UTF-8 ({e.reason} at byte {e.start})", path, line) from None
+    return text.removeprefix("\ufeff")
+
+
+def chunk_document(text: str, filename: str, words: int = DEFAULT_WORDS) -> Iterator[tuple[str, str]]:
+    """(title, text) passages of one document.
+
+    Markdown headings (in .md files) end a passage and name the ones after
+    them: `Notes — Heading`. Within a section, paragraphs are packed into
+    passages of at most `words` words; a longer paragraph is cut at sentence
+    ends, and a sentence longer than `words` at word boundaries.
+    """
+    base = file_title(filename)
+    markdown = filename.lower().endswith(".md")
+    for heading, paragraphs in _sections(text, markdown):
+        title = f"{base} — {heading}" if heading else base
+        for chunk in _pack(_units(paragraphs, words), words):
+            yield title, chunk
+
+
+def file_title(filename: str) -> str:
+    """`my_notes-2024.md` → `my notes 2024`: the stem with _ and - read as spaces."""
+    stem = Path(filename).stem
+    return re.sub(r"[_\-\s]+", " ", stem).strip() or stem
+
+
+_HEADING = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+_FENCE = re.compile(r"^ {0,3}(```|~~~)")
+
+
+def _sections(text: str, markdown: bool) -> Iterator[tuple[str, list[str]]]:
+    """(heading, paragraphs) per section; the heading is '' before the first one.
+
+    ATX headings outside fenced code blocks start a section (a `# comment` in a
+    code block is code, not a heading); blank lines separate paragraphs.
+    """
+    heading, paragraphs, lines = "", [], []
+    in_fence = False
+    for line in text.splitlines():
+        if markdown and _FENCE.match(line):
+            in_fence = not in_fence
+        m = _HEADING.match(line) if markdown and not in_fence else None
+        if m is not None or not line.strip():
+            if lines:
+                paragraphs.append(" ".join(lines))
+                lines = []
+            if m is not None:
+                if paragraphs:
+                    yield heading, paragraphs
+                heading, paragraphs = (m.group(2) or "").strip(), []
+            continue
+        lines.append(line)
+    if lines:
+        paragraphs.append(" ".join(lines))
+    if paragraphs:
+        yield heading, paragraphs
+
+
+_SENTENCE_END = re.compile(r"([.!?][\"'”’)\]]*)\s+")
+
+
+def _units(paragraphs: list[str], words: int) -> Iterator[list[str]]:
+    """Packable pieces as word lists: whole paragraphs that fit, else sentences,
+    else `words`-word slices of a run-on sentence."""
+    for para in paragraphs:
+        tokens = para.split()
+        if len(tokens) <= words:
+            if tokens:
+                yield tokens
+            continue
+        for sentence in _SENTENCE_END.sub("\\1\n", " ".join(tokens)).split("\n"):
+            toks = sentence.split()
+            for i in range(0, len(toks), words):
+                yield toks[i:i + words]
+
+
+def _pack(units: Iterator[list[str]], words: int) -> Iterator[str]:
+    """Greedily join consecutive units while the passage stays within `words`."""
+    chunk: list[str] = []
+    for unit in units:
+        if chunk and len(chunk) + len(unit) > words:
+            yield " ".join(chunk)
+            chunk = []
+        chunk.extend(unit)
+    if chunk:
+        yield " ".join(chunk)

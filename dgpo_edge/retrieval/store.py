@@ -1,0 +1,411 @@
+"""The passage store: one SQLite file of zstd-compressed passages plus a BM25 index.
+
+Layout (DESIGN §3; stdlib sqlite3 + zstandard only):
+
+- `passages(row INTEGER PRIMARY KEY, id TEXT UNIQUE, title TEXT, text BLOB)`.
+  `row` counts from 0 in input order, so FAISS row i is store row i. `title` is
+  the raw first line of `contents` (quotes kept) and `text` the zstd frame of
+  everything after the first newline, NULL when `contents` has no newline; so
+  `title + "\\n" + text` gives back `contents` byte for byte.
+- `meta(key, value)`: format, compression (`zstd+dict` or `zstd`), level,
+  the dictionary bytes, passage count, what built it.
+- `passages_fts`: a contentless FTS5 table (`content=''`, columns `body, title`,
+  unicode61 remove_diacritics 2) with rowid = row. Contentless keeps the text
+  out of the index; its bm25() scores are identical to those of a table that
+  stores the text, because detail=full keeps the positions bm25 counts. (With
+  detail=column or none, FTS5 re-reads the text to count hits, and a
+  contentless table scores every row 0.) `body` comes first because FTS5
+  writes a column marker for every hit outside column 0: on wiki-18 passages
+  this ordering makes the index 25% smaller.
+
+Passages are compressed one by one (random access after a FAISS search) with a
+dictionary trained on the head of the corpus, which is what makes ~600-byte
+passages compress well; below `dict_min_passages` a dictionary would cost more
+than it saves, so small stores use plain zstd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sqlite3
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, islice
+from pathlib import Path
+
+import zstandard
+
+from .. import __version__
+from ..errors import InputError
+from ..jsonio import make_readable
+from ..protocol import Passage
+
+FORMAT = "dgpo-edge/passage-store/1"
+_FTS_TOKENIZER = "unicode61 remove_diacritics 2"
+_QUERY_WORD = re.compile(r"[^\W_]+")  # what unicode61 keeps as token characters
+_IN_BATCH = 500  # placeholders per `row IN (...)`, under every SQLite's limit
+PLAIN_LEVEL = 19  # small stores: every byte counts and speed does not
+DICT_LEVEL = 9  # large stores: 19 saves 0.5% and triples the build time
+
+
+class PassageStore:
+    """Read-only access to a store file; build one with `PassageStore.build`.
+
+    Safe to share between threads (one lock around the connection and the
+    decompressor). Corrupt or truncated files raise InputError naming the file.
+    """
+
+    # --- building -----------------------------------------------------------------
+
+    @classmethod
+    def build(cls, path: str | Path, passages: Iterable[Passage], batch: int = 2000,
+              progress: Callable[[int], None] | None = None, *, level: int | None = None,
+              dict_size: int = 64 * 1024, dict_min_passages: int = 1000,
+              dict_sample_bytes: int = 8 << 20, fts: bool = True) -> PassageStore:
+        """Write `passages` (row i = i-th passage) to `path` atomically; open it.
+
+        The file is built under a temporary name in the same folder and renamed
+        onto `path` only when complete: an exception (bad input, Ctrl-C) leaves
+        no file at `path`, or the previous one untouched, and no temporary file.
+        `progress(n)` is called after each batch with the passages it added (a
+        tqdm `update`). `fts=False` skips the BM25 index, for dense-only bundles
+        where the index would be most of the file. `level` defaults to 19
+        without a dictionary and 9 with one: on wiki-18 passages 19 makes the
+        store only 0.5% smaller but the build 3x slower, hours on wiki-18.
+        """
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        make_readable(tmp)
+        try:
+            _write_store(tmp, iter(passages), batch, progress, level, dict_size,
+                         dict_min_passages, dict_sample_bytes, fts)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return cls(path)
+
+    # --- opening ------------------------------------------------------------------
+
+    def __init__(self, path: str | Path):
+        """Open `path` read-only, checking it is a whole, readable store."""
+        self.path = Path(path)
+        _check_sqlite_file(self.path)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True,
+                                       check_same_thread=False)
+            meta = dict(self._db.execute("SELECT key, value FROM meta"))
+        except sqlite3.DatabaseError as e:
+            raise InputError(f"not a readable passage store ({e})", self.path) from None
+        if meta.get("format") != FORMAT:
+            self._db.close()
+            raise InputError(f"not a passage store (format {meta.get('format')!r}, expected {FORMAT!r})",
+                             self.path)
+        self.meta = {k: v for k, v in meta.items() if k != "dictionary"}
+        try:
+            self._count = int(meta["count"])
+            self._codec = _Codec(int(meta["level"]), meta.get("dictionary"))
+        except (KeyError, ValueError, TypeError, zstandard.ZstdError) as e:
+            self._db.close()
+            raise InputError(f"corrupt passage store metadata ({type(e).__name__}: {e})", self.path) from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> PassageStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- reading ------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def compression(self) -> str:
+        """'zstd+dict' (trained dictionary) or 'zstd' (small stores)."""
+        return str(self.meta["compression"])
+
+    @property
+    def has_bm25(self) -> bool:
+        return self.meta.get("fts") == "1"
+
+    def bytes(self) -> int:
+        """Size of the store file in bytes (what a bundle ships)."""
+        return self.path.stat().st_size
+
+    def get_by_row(self, row: int) -> Passage:
+        """Passage at `row` (0-based, = FAISS row); IndexError when out of range."""
+        return self.get_rows([row])[0]
+
+    def get_by_id(self, pid: str) -> Passage:
+        """Passage with id `pid`; KeyError when absent."""
+        found = self._query("SELECT row, id, title, text FROM passages WHERE id = ?", (str(pid),))
+        if not found:
+            raise KeyError(pid)
+        return self._passage(found[0])
+
+    def get_rows(self, rows: Sequence[int], scores: Sequence[float] | None = None) -> list[Passage]:
+        """Passages at `rows`, in that order (repeats allowed), optionally scored.
+
+        Made for FAISS results: numpy integers are accepted; FAISS's -1 (fewer
+        hits than k) is out of range like any other bad row, so drop it first.
+        """
+        wanted = [int(r) for r in rows]
+        if scores is not None and len(scores) != len(wanted):
+            raise ValueError(f"{len(wanted)} rows but {len(scores)} scores")
+        found = {}
+        for start in range(0, len(wanted), _IN_BATCH):
+            part = sorted(set(wanted[start:start + _IN_BATCH]) - found.keys())
+            if part:
+                sql = f"SELECT row, id, title, text FROM passages WHERE row IN ({','.join('?' * len(part))})"
+                found.update((r[0], r) for r in self._query(sql, part))
+        out = []
+        for i, r in enumerate(wanted):
+            if r not in found:
+                raise IndexError(f"row {r} out of range: the store has rows 0..{self._count - 1}")
+            out.append(self._passage(found[r], None if scores is None else float(scores[i])))
+        return out
+
+    def iter_passages(self, batch: int = 2000) -> Iterator[Passage]:
+        """Every passage in row order, `batch` rows per query (for re-encoding)."""
+        for start in range(0, self._count, batch):
+            yield from self.get_rows(range(start, min(start + batch, self._count)))
+
+    def bm25(self, query: str, k: int = 3, title_weight: float = 1.0) -> list[Passage]:
+        """Top-k passages for any of the query's words, best first.
+
+        Words are quoted one by one and OR-ed, so punctuation, quotes and FTS5
+        operators in user text are plain words; a query with no words gives [].
+        Scores are FTS5 bm25() negated (higher is better). `title_weight`
+        scales title hits relative to body hits.
+        """
+        if not self.has_bm25:
+            raise InputError("this store was built without a BM25 index", self.path)
+        words = _QUERY_WORD.findall(query)
+        if not words or k < 1:
+            return []
+        match = " OR ".join(f'"{w}"' for w in dict.fromkeys(words))
+        hits = self._query("SELECT rowid, bm25(passages_fts, 1.0, ?) AS s FROM passages_fts "
+                           "WHERE passages_fts MATCH ? ORDER BY s LIMIT ?", (title_weight, match, k))
+        return self.get_rows([r for r, _ in hits], [0.0 - s for _, s in hits])
+
+    # --- internals ------------------------------------------------------------------
+
+    def _query(self, sql: str, params: Sequence = ()) -> list[tuple]:
+        """Run a read query, turning SQLite corruption errors into InputError."""
+        with self._lock:
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.DatabaseError as e:
+                raise InputError(f"corrupt passage store ({e})", self.path) from None
+
+    def _passage(self, record: tuple, score: float | None = None) -> Passage:
+        row, pid, title, blob = record
+        with self._lock:
+            try:
+                text = self._codec.decompress(blob)
+            except zstandard.ZstdError as e:
+                raise InputError(f"corrupt passage text at row {row} ({e})", self.path) from None
+        return Passage(pid, title if text is None else f"{title}\n{text}", score)
+
+
+# --- compression ------------------------------------------------------------------------
+
+class _Codec:
+    """zstd for passage text, with or without a trained dictionary.
+
+    Frames omit the dictionary id and checksum (4 bytes each, per passage):
+    the one dictionary lives in `meta`.
+    """
+
+    def __init__(self, level: int, dictionary: bytes | None):
+        kwargs = {}
+        if dictionary is not None:
+            kwargs["dict_data"] = zstandard.ZstdCompressionDict(dictionary)
+        self._c = zstandard.ZstdCompressor(level=level, write_dict_id=False, write_checksum=False,
+                                           write_content_size=True, **kwargs)
+        self._d = zstandard.ZstdDecompressor(**kwargs)
+
+    def compress(self, text: str | None) -> bytes | None:
+        return None if text is None else self._c.compress(text.encode("utf-8"))
+
+    def decompress(self, blob: bytes | None) -> str | None:
+        return None if blob is None else self._d.decompress(blob).decode("utf-8")
+
+
+def _split(contents: str) -> tuple[str, str | None]:
+    """(raw first line, rest or None when there is no newline)."""
+    title, sep, text = contents.partition("\n")
+    return title, (text if sep else None)
+
+
+def _train(sample: list[Passage], level: int, dict_size: int) -> bytes | None:
+    """A dictionary for the sample's texts, or None when zstd cannot train one.
+
+    Capped at 1/20 of the sample: zstd wants ~100x more sample than dictionary,
+    and on small corpora a large dictionary mostly memorises (and costs) bytes.
+    """
+    texts = [t.encode("utf-8") for p in sample if (t := _split(p.contents)[1])]
+    size = min(dict_size, sum(map(len, texts)) // 20)
+    if size < 1024:
+        return None
+    try:
+        return zstandard.train_dictionary(size, texts, level=level).as_bytes()
+    except zstandard.ZstdError:
+        return None
+
+
+# --- writing ------------------------------------------------------------------------------
+
+def _write_store(tmp: str, passages: Iterator[Passage], batch: int,
+                 progress: Callable[[int], None] | None, level: int | None, dict_size: int,
+                 dict_min_passages: int, dict_sample_bytes: int, fts: bool) -> None:
+    """Fill the (empty) temp file `tmp` with a complete store, then fsync it."""
+    sample = _take_sample(passages, dict_min_passages, dict_sample_bytes)
+    dictionary = None
+    if len(sample) >= dict_min_passages:
+        dictionary = _train(sample, DICT_LEVEL if level is None else level, dict_size)
+    if level is None:
+        level = PLAIN_LEVEL if dictionary is None else DICT_LEVEL
+    codec = _Codec(level, dictionary)
+    db = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        _create_schema(db, fts)
+        db.execute("BEGIN")
+        count = _insert_all(db, codec, chain(sample, passages), batch, progress, fts)
+        if count == 0:
+            raise InputError("empty corpus: no passages to store")
+        if fts:
+            db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('optimize')")
+        _write_meta(db, level, dictionary, count, fts)
+        db.execute("COMMIT")
+        # Give back the pages FTS5 freed when merging segments (a third of the
+        # file on the wiki sample). Unlike VACUUM this needs no second copy of
+        # the file. executescript, because the sqlite3 module steps this
+        # pragma only once, which frees a single page.
+        db.executescript("PRAGMA incremental_vacuum;")
+    finally:
+        db.close()
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _take_sample(passages: Iterator[Passage], min_count: int, min_bytes: int) -> list[Passage]:
+    """The first passages, enough to train on: `min_count` and `min_bytes` of text.
+
+    The corpus is streamed, so the dictionary must be trained on its head
+    before anything is written; 8 MiB is ~100x a 64 KiB dictionary.
+    """
+    sample, size = [], 0
+    for p in passages:
+        sample.append(p)
+        size += len(p.contents)
+        if len(sample) >= min_count and size >= min_bytes:
+            break
+    return sample
+
+
+def _create_schema(db: sqlite3.Connection, fts: bool) -> None:
+    """Tables; journal and sync are off because the file is a temp until renamed."""
+    db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # must precede the first table
+    db.execute("PRAGMA journal_mode = OFF")
+    db.execute("PRAGMA synchronous = OFF")
+    db.execute("PRAGMA cache_size = -65536")
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value)")
+    db.execute("CREATE TABLE passages (row INTEGER PRIMARY KEY, id TEXT UNIQUE, title TEXT, text BLOB)")
+    if fts:
+        db.execute("CREATE VIRTUAL TABLE passages_fts USING fts5(body, title, content='', "
+                   f"tokenize='{_FTS_TOKENIZER}')")
+
+
+def _insert_all(db: sqlite3.Connection, codec: _Codec, passages: Iterator[Passage], batch: int,
+                progress: Callable[[int], None] | None, fts: bool) -> int:
+    """Insert every passage in `batch`-sized executemany calls; returns the count."""
+    row = 0
+    while chunk := list(islice(passages, batch)):
+        records = [(row + i, str(p.id), *_split(p.contents)) for i, p in enumerate(chunk)]
+        try:
+            db.executemany("INSERT INTO passages VALUES (?, ?, ?, ?)",
+                           [(r, pid, title, codec.compress(text)) for r, pid, title, text in records])
+        except sqlite3.IntegrityError:
+            raise _duplicate_error(db, records) from None
+        if fts:
+            db.executemany("INSERT INTO passages_fts(rowid, body, title) VALUES (?, ?, ?)",
+                           [(r, p.text, p.title) for (r, *_), p in zip(records, chunk)])
+        row += len(chunk)
+        if progress is not None:
+            progress(len(chunk))
+    return row
+
+
+def _duplicate_error(db: sqlite3.Connection, records: list[tuple]) -> InputError:
+    """Name the duplicate id: the first record whose id is stored under another row.
+
+    executemany stops at the failing row, so every earlier record of the batch
+    is stored under its own row and the failing one finds its id elsewhere.
+    """
+    for row, pid, *_ in records:
+        other = db.execute("SELECT row FROM passages WHERE id = ?", (pid,)).fetchone()
+        if other is not None and other[0] != row:
+            return InputError(f"duplicate passage id {pid!r} (passages {other[0]} and {row})")
+    return InputError("duplicate passage id")
+
+
+def _write_meta(db: sqlite3.Connection, level: int, dictionary: bytes | None, count: int,
+                fts: bool) -> None:
+    """Record how to read the file back and what produced it."""
+    meta = {
+        "format": FORMAT,
+        "compression": "zstd+dict" if dictionary is not None else "zstd",
+        "level": str(level),
+        "count": str(count),
+        "fts": "1" if fts else "0",
+        "fts_tokenizer": _FTS_TOKENIZER if fts else "",
+        "created_by": f"dgpo-edge {__version__}, zstandard {zstandard.__version__}, "
+                      f"SQLite {sqlite3.sqlite_version}",
+    }
+    if dictionary is not None:
+        meta["dictionary"] = dictionary
+    db.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
+
+
+# --- integrity ------------------------------------------------------------------------------
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """Fail fast on a missing, foreign or truncated file, without reading it all.
+
+    SQLite itself opens a truncated file happily and fails later, mid-query, on
+    whichever page is missing; the header records the page count, so comparing
+    it with the file size catches truncation in O(1) (a full integrity check
+    would read gigabytes on every open).
+    """
+    if not path.is_file():
+        raise InputError("no such file", path)
+    with open(path, "rb") as f:
+        header = f.read(100)
+    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
+        raise InputError("not a passage store (not an SQLite file)", path)
+    page_size = struct.unpack(">H", header[16:18])[0]
+    page_size = 65536 if page_size == 1 else page_size
+    change_counter, n_pages = struct.unpack(">II", header[24:32])
+    valid_for = struct.unpack(">I", header[92:96])[0]
+    expected = page_size * n_pages
+    if valid_for == change_counter and path.stat().st_size < expected:
+        raise InputError(f"truncated passage store: {path.stat().st_size} bytes, "
+                         f"header says {expected}", path)
