@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .common import console, user_errors
@@ -72,8 +73,21 @@ def _print_samples(out: Path, n: int) -> None:
         console.print(f"[bold]gold:[/] {' | '.join(row['golden_answers'])}", highlight=False)
         for pid in dict.fromkeys(row["evidence"]):
             title, _, text = corpus[pid].partition("\n")
-            short = text if len(text) < 240 else text[:237] + "..."
-            console.print(f"  [cyan]passage {pid}[/] {title}: {short}", highlight=False)
+            console.print(f"  [cyan]passage {pid}[/] {escape(title)}: {_snippet(text, row['golden_answers'])}",
+                          highlight=False)
+
+
+def _snippet(text: str, answers: list[str], width: int = 200) -> str:
+    """A window of `text` around the first gold answer it contains, the answer in bold."""
+    lower = text.lower()
+    hits = [(lower.find(a.lower()), a) for a in answers if a and a.lower() in lower]
+    if not hits:
+        return escape(text[:width]) + ("…" if len(text) > width else "")
+    at, answer = min(hits)
+    start = max(0, at - width // 2)
+    end = min(len(text), at + len(answer) + width // 2)
+    return ("…" if start else "") + escape(text[start:at]) + f"[bold yellow]{escape(text[at:at + len(answer)])}[/]" \
+        + escape(text[at + len(answer):end]) + ("…" if end < len(text) else "")
 
 
 @app.command("inspect")
