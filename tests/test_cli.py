@@ -73,7 +73,7 @@ def test_help(args, expected):
 
 def test_only_built_commands_are_registered():
     root = typer.main.get_command(app)
-    assert sorted(root.commands) == ["data"]  # later stages (train, export, chat...) are not there yet
+    assert sorted(root.commands) == ["data", "index"]  # later stages (train, export, chat...) are not there yet
     assert {"factbook", "inspect"} <= set(root.commands["data"].commands)
 
 

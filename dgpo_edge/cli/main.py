@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
-from . import data
+from . import data, index
 
 app = typer.Typer(
     name="dgpo-edge",
@@ -15,6 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(data.app, name="data")
+app.add_typer(index.app, name="index")
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,591 @@
+"""Compaction: a Search-R1 Flat index and its corpus -> an IVF-PQ index plus passage store.
+
+The engine behind `dgpo-edge index compact --flat e5_Flat.index --corpus
+wiki-18.jsonl --out DIR` (DESIGN §3). Search-R1 ships `e5_Flat.index`, a FAISS
+`IndexFlatIP` whose row i is the e5 vector of corpus line i: 21,015,324 x 768
+float32, 64.6 GB. `compact` turns it into
+
+- `DIR/vectors.faiss`: `[OPQ{M}_{D},]IVF{nlist},PQ{M}[x{bits}]`, inner product,
+  row i = passage i (PQ64: 64 B codes + 8 B id per vector, ~1.5 GB for wiki-18);
+- `DIR/store.sqlite`: the passage store (`PassageStore`), store row i = line i;
+- `DIR/manifest.json`: parameters, encoder, a recall/bytes report, and the
+  size and sha256 of both files.
+
+How the Flat index is read. `faiss.read_index(path, IO_FLAG_MMAP_IFC)` maps
+the vectors instead of loading them (faiss's plain `IO_FLAG_MMAP` only maps
+inverted lists and still copies a Flat index into RAM: measured with faiss
+1.15.1, +587 MB RSS for a 614 MB Flat file with IO_FLAG_MMAP, +1 MB with
+IO_FLAG_MMAP_IFC). Training rows, added chunks and the exact ground truth
+are all read through that map. Before faiss sees the file its 45-byte header
+is parsed, so a foreign, non-Flat, L2 or truncated file is an InputError
+naming the file, not a faiss traceback.
+
+Parameter choices (`plan_ivfpq`):
+
+- nlist: 4*sqrt(n) rounded to a power of two (faiss's "4 to 16 sqrt(N)"
+  guideline; wiki-18: 16,384), lowered to a power of two with at least 39
+  training points per list (the 1,000-passage sample gets IVF16).
+- Training sample: min(n, max(39*nlist, 50*256)) random rows (seeded); the
+  default nlist never needs more than 1,000,000 (wiki-18: 638,976 rows, 2 GB).
+  An explicit nlist gets its 39*nlist rows even beyond that.
+- PQ bits: 8 (256 centroids per sub-quantizer) when the sample has at least
+  39*256 = 9,984 rows, which is what faiss's k-means asks for; below that the
+  largest b with 39*2^b rows, never under 4 (`PQ48x4` for 1,000 passages,
+  `PQ16x6` for 3,000). On a tiny corpus 8-bit codebooks cost more than
+  they save: on the 1,000-passage sample PQ48 (8-bit) reached recall@10 0.72
+  against 0.56 for PQ48x4, but its codebooks alone (768 x 256 floats, 786 KB)
+  are 14x the codes and a quarter of the Flat file.
+- OPQ: `OPQ{M}_{D}` with D = 4M (faiss's "D = 4M often good"), or d when 4M > d.
+- Polysemous training (the factory's default for IVF-PQ) is switched off: it
+  only serves Hamming pre-filtering (`polysemous_ht`), which is never used
+  here, and it took 10 s of the 10.2 s training time on the 1,000-row sample.
+
+Recall report. There is no query encoder here, so the queries are database
+vectors: `eval_queries` rows picked with the seed (outside the training sample
+when the corpus is large enough), plus isotropic Gaussian noise of expected
+norm `query_noise` (0.2; cosine to the source passage about 0.98), then L2
+normalised. They are passage-like queries, not real questions: real e5
+question vectors sit further from their passages, so treat the numbers as a
+measure of what PQ and IVF lose against Flat, not of end-to-end accuracy. The
+ground truth is the Flat index's exact top-k (searched through the map);
+recall@k = |Flat top-k ∩ compact top-k| / k, averaged over queries. The sweep
+runs nprobe in 1, 4, 16, 64, 256 (capped at nlist); unless `nprobe` is given
+the default nprobe is the smallest swept value whose recall@max(k) is within
+0.01 of the best swept value.
+
+Atomicity: everything is built in `DIR/.partial-*` and renamed into DIR at the
+end, manifest last (an old manifest is removed first, so a manifest is only
+ever beside the files it describes). Any exception, Ctrl-C included, removes
+the partial folder, and DIR itself when this call created it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__, jsonio
+from ..errors import InputError
+from .base import EncoderSpec
+from .corpus import count_lines, iter_jsonl_corpus
+from .store import PassageStore
+
+INDEX_FILE = "vectors.faiss"
+STORE_FILE = "store.sqlite"
+MANIFEST_FILE = "manifest.json"
+KIND = "ivfpq"
+
+MIN_POINTS_PER_CENTROID = 39  # faiss k-means warns below this many training points per centroid
+TRAIN_FLOOR = 50 * 256  # enough rows for 8-bit PQ whatever nlist is
+TRAIN_CAP = 1_000_000  # the default nlist never needs more (see plan_ivfpq)
+MIN_PQ_BITS = 4
+MIN_VECTORS = 2 ** MIN_PQ_BITS  # k-means needs at least as many points as centroids
+NPROBE_SWEEP = (1, 4, 16, 64, 256)
+NPROBE_TOLERANCE = 0.01
+QUERY_NOISE = 0.2
+SMALL_JOB = 20_000  # below this many vectors faiss runs on one thread (OpenMP overhead dominates)
+
+# --- the Flat file header -------------------------------------------------------------------
+
+# faiss write_index for IndexFlat: fourcc, d (int32), ntotal (int64), two int64
+# placeholders, is_trained (1 byte), metric_type (int32), then the vector array
+# as its float count (uint64) and the floats.
+_HEADER = struct.Struct("<4siqqq?i")
+_HEADER_BYTES = _HEADER.size + 8  # 45: the data starts here
+_FLAT_IP = b"IxFI"
+_OTHER_INDEXES = {  # a few fourccs users may pass by mistake, for a clearer message
+    b"IxF2": "IndexFlatL2 (L2 metric)", b"IxFl": "IndexFlat (other metric)",
+    b"IwPQ": "IndexIVFPQ", b"IwFl": "IndexIVFFlat", b"IwSq": "IndexIVFScalarQuantizer",
+    b"IHNf": "IndexHNSWFlat", b"IxPQ": "IndexPQ", b"IxSQ": "IndexScalarQuantizer",
+    b"IxPT": "IndexPreTransform", b"IxMp": "IndexIDMap", b"IxM2": "IndexIDMap2",
+    b"IwFs": "IndexIVFPQFastScan", b"IxRF": "IndexRefineFlat",
+}
+
+
+@dataclass(frozen=True)
+class FlatHeader:
+    """What the header of a FAISS IndexFlatIP file says."""
+
+    dim: int
+    count: int
+    bytes: int
+
+
+def read_flat_header(path: str | Path) -> FlatHeader:
+    """Check that `path` is a whole FAISS IndexFlatIP file, reading 45 bytes.
+
+    InputError (naming the file) for a missing file, a file that is not a
+    FAISS index, a FAISS index of another type or metric, an empty index, and
+    a file whose size does not match 45 + 4*d*n bytes (truncated or padded).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such file", path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(_HEADER_BYTES)
+    fourcc = head[:4]
+    if len(head) >= 4 and fourcc in _OTHER_INDEXES:
+        raise InputError(f"a FAISS {_OTHER_INDEXES[fourcc]}, not a Flat inner-product index; compact "
+                         f"reads an IndexFlatIP such as Search-R1's e5_Flat.index", path)
+    if len(head) < 4 or fourcc != _FLAT_IP:
+        raise InputError(f"not a FAISS Flat index (starts with {fourcc!r}, expected {_FLAT_IP!r}, "
+                         f"an IndexFlatIP such as Search-R1's e5_Flat.index)", path)
+    if len(head) < _HEADER_BYTES:
+        raise InputError(f"truncated FAISS index: {size} bytes, shorter than its {_HEADER_BYTES}-byte header",
+                         path)
+    _, d, n, _, _, _, metric = _HEADER.unpack_from(head)
+    (floats,) = struct.unpack_from("<Q", head, _HEADER.size)
+    if metric != 0:
+        raise InputError(f"a Flat index with metric type {metric}, expected 0 (inner product)", path)
+    if d <= 0 or n < 0 or floats != d * n:
+        raise InputError(f"corrupt FAISS Flat header (dim {d}, {n} vectors, {floats} floats)", path)
+    if n == 0:
+        raise InputError("the Flat index holds no vectors", path)
+    want = _HEADER_BYTES + 4 * d * n
+    if size != want:
+        what = "truncated" if size < want else "has trailing bytes"
+        raise InputError(f"{what}: {size:,} bytes, but {n:,} vectors of dim {d} take {want:,} bytes", path)
+    return FlatHeader(dim=d, count=n, bytes=size)
+
+
+def open_flat(path: str | Path) -> Any:
+    """The IndexFlatIP at `path`, memory-mapped where faiss can (not loaded into RAM)."""
+    faiss = _faiss()
+    path = Path(path)
+    header = read_flat_header(path)
+    flag = getattr(faiss, "IO_FLAG_MMAP_IFC", None)  # faiss >= 1.11
+    flags = 0 if flag is None else flag | faiss.IO_FLAG_READ_ONLY
+    try:
+        index = faiss.read_index(str(path), flags)
+    except RuntimeError as e:
+        raise InputError(f"cannot read the FAISS index ({_faiss_message(e)})", path) from None
+    if not isinstance(index, faiss.IndexFlat) or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise InputError(f"expected an IndexFlatIP, got {type(index).__name__}", path)
+    if index.ntotal != header.count or index.d != header.dim:
+        raise InputError(f"header says {header.count} x {header.dim}, faiss read "
+                         f"{index.ntotal} x {index.d}", path)
+    return index
+
+
+# --- parameters ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class IVFPQPlan:
+    """The index `compact` will build for n vectors of dimension dim."""
+
+    factory: str
+    dim: int
+    count: int
+    nlist: int
+    pq: int
+    pq_bits: int
+    opq: bool
+    opq_dim: int | None
+    train_size: int
+
+    @property
+    def code_bytes(self) -> int:
+        """Bytes of PQ code per vector (the inverted lists add an 8-byte id)."""
+        return (self.pq * self.pq_bits + 7) // 8
+
+
+def _pow2_round(x: float) -> int:
+    return 1 << max(0, round(math.log2(x))) if x >= 1 else 1
+
+
+def _pow2_floor(x: float) -> int:
+    return 1 << max(0, math.floor(math.log2(x))) if x >= 1 else 1
+
+
+def valid_pq(dim: int, opq: bool = False) -> list[int]:
+    """PQ sizes M that `compact` accepts for vectors of dimension `dim`.
+
+    Without OPQ, M must divide dim. With OPQ the rotation maps to D = 4M
+    dims (any M with 4M <= dim) or, for larger M, to dim itself, which M then
+    has to divide.
+    """
+    divisors = [m for m in range(1, dim + 1) if dim % m == 0]
+    if not opq:
+        return divisors
+    return sorted(set(range(1, dim // 4 + 1)) | set(divisors))
+
+
+def _pq_error(pq: int, dim: int, opq: bool, path: str | Path | None) -> InputError:
+    if opq:
+        big = [m for m in valid_pq(dim, opq) if 4 * m > dim]
+        listing = f"1..{dim // 4}" + (f", or {', '.join(map(str, big))}" if big else "")
+        return InputError(f"--pq {pq} does not fit OPQ on dimension {dim}: M must satisfy 4*M <= {dim} "
+                          f"or divide {dim}; valid values: {listing}", path)
+    return InputError(f"--pq {pq} does not divide the vector dimension {dim}; valid values: "
+                      f"{', '.join(map(str, valid_pq(dim)))}", path)
+
+
+def plan_ivfpq(count: int, dim: int, pq: int = 64, opq: bool = False, nlist: int | None = None,
+               train_size: int | None = None, where: str | Path | None = None) -> IVFPQPlan:
+    """Choose nlist, the training-sample size and PQ bits (rules in the module docstring).
+
+    InputError (naming `where`, the Flat file) for a PQ size that does not fit
+    `dim`, nlist or train_size out of range, or fewer than 16 vectors.
+    """
+    if count < MIN_VECTORS:
+        raise InputError(f"{count} vectors are too few for IVF-PQ (at least {MIN_VECTORS}); keep the "
+                         f"Flat index", where)
+    if isinstance(pq, bool) or not isinstance(pq, int) or pq < 1 or pq not in valid_pq(dim, opq):
+        raise _pq_error(pq, dim, opq, where)
+    if train_size is not None and train_size < 1:
+        raise InputError(f"train size must be >= 1, got {train_size}", where)
+    if nlist is None:
+        cap = min(count, train_size or TRAIN_CAP)
+        nlist = min(_pow2_round(4 * math.sqrt(count)), _pow2_floor(cap / MIN_POINTS_PER_CENTROID))
+    elif nlist < 1 or nlist > count:
+        raise InputError(f"--nlist {nlist} is out of range: 1..{count} (the number of vectors)", where)
+    if train_size is None:
+        train_size = max(MIN_POINTS_PER_CENTROID * nlist, TRAIN_FLOOR)
+    train_size = min(train_size, count)
+    if nlist > train_size:
+        raise InputError(f"--nlist {nlist} needs at least {nlist} training vectors, got {train_size}", where)
+    bits = 8
+    while bits > MIN_PQ_BITS and train_size < MIN_POINTS_PER_CENTROID << bits:
+        bits -= 1
+    if train_size < 1 << bits:
+        raise InputError(f"{train_size} training vectors are too few for {1 << bits}-centroid PQ; use "
+                         f"at least {1 << bits}", where)
+    opq_dim = (4 * pq if 4 * pq <= dim else dim) if opq else None
+    pq_part = f"PQ{pq}" if bits == 8 else f"PQ{pq}x{bits}"
+    factory = (f"OPQ{pq}_{opq_dim}," if opq else "") + f"IVF{nlist},{pq_part}"
+    return IVFPQPlan(factory=factory, dim=dim, count=count, nlist=nlist, pq=pq, pq_bits=bits, opq=opq,
+                     opq_dim=opq_dim, train_size=train_size)
+
+
+def default_encoder(dim: int) -> EncoderSpec:
+    """Search-R1's e5_Flat.index encoder: intfloat/e5-base-v2, mean pooling, L2 norm, e5 prefixes."""
+    return EncoderSpec(name="e5-base-v2", variant="search-r1-flat", dim=dim, normalize=True,
+                       query_prefix="query: ", passage_prefix="passage: ")
+
+
+# --- manifest --------------------------------------------------------------------------------
+
+def file_digest(path: str | Path, block: int = 8 << 20) -> dict[str, Any]:
+    """{"bytes", "sha256"} of a file, hashed in 8 MiB blocks (stores can be gigabytes)."""
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+            n += len(chunk)
+    return {"bytes": n, "sha256": h.hexdigest()}
+
+
+def write_manifest(out_dir: str | Path, *, files: Iterable[str], **fields: Any) -> dict[str, Any]:
+    """Write `out_dir/manifest.json` atomically and return it.
+
+    `fields` become top-level keys in the order given (`kind`, `encoder`,
+    `count`, `dim`, `params`, `report`, ...); `files` names files inside
+    `out_dir`, recorded as {name: {bytes, sha256}}; `produced_by` defaults to
+    this package's version.
+    """
+    out_dir = Path(out_dir)
+    manifest = dict(fields)
+    manifest["files"] = {name: file_digest(out_dir / name) for name in files}
+    manifest.setdefault("produced_by", f"dgpo-edge {__version__}")
+    jsonio.write_json(out_dir / MANIFEST_FILE, manifest)
+    return manifest
+
+
+# --- the engine ------------------------------------------------------------------------------
+
+def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path, pq: int = 64,
+            opq: bool = False, nlist: int | None = None, nprobe: int | None = None,
+            train_size: int | None = None, chunk: int = 100_000, eval_queries: int = 500,
+            k_values: Sequence[int] = (1, 3, 10), encoder: EncoderSpec | None = None, seed: int = 0,
+            progress: Callable[[int], None] | None = None, *, query_noise: float = QUERY_NOISE,
+            fts: bool = True, threads: int | None = None,
+            log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Compact a Search-R1 Flat index and its jsonl corpus into `out_dir`; return the report.
+
+    Writes `out_dir/vectors.faiss`, `store.sqlite` and `manifest.json` (see
+    the module docstring for the choices and the recall method). `progress(n)`
+    is called with the vectors just added and, separately, the passages just
+    stored (a tqdm `update`; the total is 2 x the passage count). `log(msg)`
+    gets one line per stage. `fts=False` builds the store without BM25.
+    `threads` sets faiss's OpenMP threads for the call (restored after);
+    None means all cores, except one thread below 20,000 vectors.
+
+    InputError, before anything is written, for: a Flat file that is missing,
+    not an IndexFlatIP, or truncated; a corpus whose line count differs from
+    the index's row count; a PQ size that does not fit the dimension; bad
+    nlist/nprobe/train_size/eval values; an encoder spec of another dimension.
+    Corpus lines that fail to parse raise InputError (file and line) while
+    the store is built, and leave nothing behind either.
+    """
+    t_start = time.perf_counter()
+    say = log or (lambda _msg: None)
+    flat_path, corpus_path, out_dir = Path(flat_path), Path(corpus_path), Path(out_dir)
+    faiss = _faiss()
+
+    # -- everything cheap is checked before any file is created
+    flat = open_flat(flat_path)
+    n, d = int(flat.ntotal), int(flat.d)
+    plan = plan_ivfpq(n, d, pq=pq, opq=opq, nlist=nlist, train_size=train_size, where=flat_path)
+    if nprobe is not None and not 1 <= nprobe <= plan.nlist:
+        raise InputError(f"--nprobe {nprobe} is out of range: 1..{plan.nlist} (nlist)")
+    ks = sorted({int(k) for k in k_values})
+    if not ks or ks[0] < 1:
+        raise InputError(f"k values must be positive integers, got {list(k_values)}")
+    if eval_queries < 0:
+        raise InputError(f"eval queries must be >= 0, got {eval_queries}")
+    if chunk < 1:
+        raise InputError(f"chunk must be >= 1, got {chunk}")
+    if query_noise < 0:
+        raise InputError(f"query noise must be >= 0, got {query_noise}")
+    spec = encoder or default_encoder(d)
+    if spec.dim != d:
+        raise InputError(f"encoder {spec.name!r} has dim {spec.dim} but the index vectors have dim {d}",
+                         flat_path)
+    _check_corpus_count(corpus_path, n, flat_path)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError("the output path exists and is not a folder", out_dir)
+
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))
+    try:
+        with _threads(faiss, threads if threads is not None else (1 if n < SMALL_JOB else None)):
+            report = _build(faiss, flat, flat_path, corpus_path, partial, plan, nprobe, chunk,
+                            eval_queries, ks, seed, progress, query_noise, fts, say)
+        report["seconds"]["total"] = round(time.perf_counter() - t_start, 2)
+        params = {"factory": plan.factory, "nlist": plan.nlist, "nprobe": report["nprobe"],
+                  "pq": plan.pq, "pq_bits": plan.pq_bits, "opq": plan.opq, "opq_dim": plan.opq_dim,
+                  "train_size": plan.train_size, "seed": seed}
+        write_manifest(partial, files=(INDEX_FILE, STORE_FILE), kind=KIND, encoder=spec.to_dict(),
+                       count=n, dim=d, metric="ip", params=params,
+                       store={"bm25": fts, "compression": report.pop("store_compression")},
+                       source={"flat": flat_path.name, "flat_bytes": report["bytes"]["flat"],
+                               "corpus": corpus_path.name, "corpus_bytes": report["bytes"]["jsonl"]},
+                       report=report,
+                       produced_by=f"dgpo-edge {__version__}, faiss {faiss.__version__}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(out_dir / MANIFEST_FILE)
+        for name in (INDEX_FILE, STORE_FILE, MANIFEST_FILE):
+            os.replace(partial / name, out_dir / name)
+        partial.rmdir()
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()  # only if empty
+        raise
+    finally:
+        del flat  # unmap
+    say(f"wrote {out_dir} ({report['bytes']['index']:,} B index, {report['bytes']['store']:,} B store)")
+    return report
+
+
+def _build(faiss: Any, flat: Any, flat_path: Path, corpus_path: Path, work: Path, plan: IVFPQPlan,
+           nprobe: int | None, chunk: int, eval_queries: int, ks: list[int], seed: int,
+           progress: Callable[[int], None] | None, query_noise: float, fts: bool,
+           say: Callable[[str], None]) -> dict[str, Any]:
+    """Store, train, add, evaluate and write into `work`; return the report."""
+    n, d = plan.count, plan.dim
+    seconds: dict[str, float] = {}
+    rng = np.random.default_rng(seed)
+
+    # the store first: it is what can still fail on user input (a bad line deep in the file)
+    t = time.perf_counter()
+    say(f"building the passage store from {corpus_path.name}")
+    store = PassageStore.build(work / STORE_FILE, iter_jsonl_corpus(corpus_path), progress=progress, fts=fts)
+    try:
+        stored, compression = len(store), store.compression
+    finally:
+        store.close()
+    if stored != n:
+        raise InputError(f"{stored:,} passages in the corpus but {n:,} vectors in the Flat index "
+                         f"{flat_path}; row i of the index must be passage i", corpus_path)
+    seconds["store"] = round(time.perf_counter() - t, 2)
+
+    # train on a seeded random sample, read through the map in sorted order
+    t = time.perf_counter()
+    train_rows = np.sort(rng.choice(n, size=plan.train_size, replace=False)) if plan.train_size < n \
+        else np.arange(n)
+    say(f"training {plan.factory} on {plan.train_size:,} of {n:,} vectors")
+    index = faiss.index_factory(d, plan.factory, faiss.METRIC_INNER_PRODUCT)
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+    ivf.do_polysemous_training = False
+    ivf.cp.seed = seed
+    ivf.pq.cp.seed = seed
+    keep_alive = None
+    if plan.opq and plan.pq_bits != 8:
+        # OPQMatrix trains with an 8-bit PQ of its own unless given one
+        opq_matrix = faiss.downcast_VectorTransform(index.chain.at(0))
+        keep_alive = faiss.ProductQuantizer(plan.opq_dim, plan.pq, plan.pq_bits)
+        opq_matrix.pq = keep_alive
+    xt = _rows(flat, train_rows, chunk)
+    index.train(xt)
+    if keep_alive is not None:
+        opq_matrix.pq = None
+    del xt
+    seconds["train"] = round(time.perf_counter() - t, 2)
+
+    t = time.perf_counter()
+    say(f"adding {n:,} vectors in chunks of {chunk:,}")
+    for start in range(0, n, chunk):
+        m = min(chunk, n - start)
+        index.add(flat.reconstruct_n(start, m))
+        if progress is not None:
+            progress(m)
+    seconds["add"] = round(time.perf_counter() - t, 2)
+
+    t = time.perf_counter()
+    if eval_queries > 0:
+        say(f"measuring recall against Flat on {min(eval_queries, n)} queries")
+        recall = _evaluate(faiss, flat, index, plan, train_rows, eval_queries, ks, rng, query_noise, nprobe)
+        chosen = recall["nprobe"]
+    else:
+        recall = None
+        chosen = nprobe or min(plan.nlist, max(16, plan.nlist // 64))
+    faiss.extract_index_ivf(index).nprobe = chosen
+    seconds["eval"] = round(time.perf_counter() - t, 2)
+
+    faiss.write_index(index, str(work / INDEX_FILE))
+    sizes = {"flat": flat_path.stat().st_size, "index": (work / INDEX_FILE).stat().st_size,
+             "store": (work / STORE_FILE).stat().st_size, "jsonl": corpus_path.stat().st_size}
+    sizes["ratio"] = round((sizes["index"] + sizes["store"]) / (sizes["flat"] + sizes["jsonl"]), 4)
+    sizes["vector_compression"] = round(sizes["flat"] / sizes["index"], 2)
+    sizes["index_bytes_per_vector"] = round(sizes["index"] / n, 2)
+    sizes["code_bytes_per_vector"] = plan.code_bytes
+    return {"factory": plan.factory, "count": n, "dim": d, "nlist": plan.nlist, "nprobe": chosen,
+            "train_size": plan.train_size, "recall": recall, "bytes": sizes, "seconds": seconds,
+            "store_compression": compression}
+
+
+def _evaluate(faiss: Any, flat: Any, index: Any, plan: IVFPQPlan, train_rows: np.ndarray,
+              eval_queries: int, ks: list[int], rng: np.random.Generator, noise: float,
+              nprobe: int | None) -> dict[str, Any]:
+    """Recall of `index` against the exact Flat top-k on noisy database-vector queries."""
+    n, d = plan.count, plan.dim
+    q = min(eval_queries, n)
+    if n - len(train_rows) >= q:  # held out from training when the corpus allows it
+        pool = np.setdiff1d(np.arange(n), train_rows, assume_unique=True)
+        rows = np.sort(rng.choice(pool, size=q, replace=False))
+    else:
+        rows = np.sort(rng.choice(n, size=q, replace=False))
+    x = _rows(flat, rows, 100_000)
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    queries = x + rng.standard_normal(x.shape, dtype=np.float32) * np.float32(noise / math.sqrt(d))
+    queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    ks = [k for k in ks if k <= n] or [n]
+    kmax = ks[-1]
+    _, truth = flat.search(queries, kmax)
+
+    ivf = faiss.extract_index_ivf(index)
+    probes = sorted({min(p, plan.nlist) for p in NPROBE_SWEEP} | ({nprobe} if nprobe else set()))
+    sweep, found_at = [], {}
+    for p in probes:
+        ivf.nprobe = p
+        t = time.perf_counter()
+        _, found = index.search(queries, kmax)
+        ms = (time.perf_counter() - t) * 1000 / q
+        found_at[p] = found
+        row = {"nprobe": p}
+        row.update({f"recall@{k}": _recall(truth, found, k) for k in ks})
+        row["ms_per_query"] = round(ms, 3)
+        sweep.append(row)
+    key = f"recall@{kmax}"
+    if nprobe is None:
+        best = max(r[key] for r in sweep)
+        nprobe = next(r["nprobe"] for r in sweep if r[key] >= best - NPROBE_TOLERANCE)
+    at = next(r for r in sweep if r["nprobe"] == nprobe)
+    found = found_at[nprobe]
+    return {
+        "method": ("passage-like queries: database vectors + isotropic Gaussian noise of norm "
+                   f"{noise}, renormalised (not real questions); truth = Flat exact top-k; "
+                   "recall@k = |Flat top-k & compact top-k| / k"),
+        "queries": q, "noise": noise, "held_out": bool(n - len(train_rows) >= q), "nprobe": nprobe,
+        **{f"recall@{k}": at[f"recall@{k}"] for k in ks},
+        "source_in_top": {"k": kmax, "flat": _mean_hit(truth, rows), "compact": _mean_hit(found, rows)},
+        "sweep": sweep,
+    }
+
+
+def _recall(truth: np.ndarray, found: np.ndarray, k: int) -> float:
+    """Mean over queries of |truth[:k] ∩ found[:k]| / k (faiss's -1 padding never matches)."""
+    hits = (found[:, :k, None] == truth[:, None, :k]).any(axis=2).sum()
+    return round(float(hits) / (truth.shape[0] * k), 4)
+
+
+def _mean_hit(found: np.ndarray, rows: np.ndarray) -> float:
+    """Share of queries whose source row is among the results."""
+    return round(float((found == rows[:, None]).any(axis=1).mean()), 4)
+
+
+def _rows(flat: Any, rows: np.ndarray, chunk: int) -> np.ndarray:
+    """Vectors at sorted `rows`, read through the map in blocks of `chunk` rows."""
+    out = np.empty((len(rows), flat.d), dtype=np.float32)
+    for start in range(0, len(rows), chunk):
+        part = np.ascontiguousarray(rows[start:start + chunk], dtype=np.int64)
+        out[start:start + len(part)] = flat.reconstruct_batch(part)
+    return out
+
+
+def _check_corpus_count(corpus: Path, n: int, flat_path: Path) -> None:
+    """Row i of the index must be line i of the corpus: compare the counts up front.
+
+    Newlines are counted in binary blocks (seconds on wiki-18's 14 GB); only
+    when that count differs are blank lines (which the reader skips) excluded
+    by a slower line-by-line count, before the mismatch is reported.
+    """
+    if not corpus.is_file():
+        raise InputError("no such file", corpus)
+    lines = count_lines(corpus)
+    if lines != n:
+        with open(corpus, "rb") as f:
+            lines = sum(1 for line in f if line.strip())
+    if lines != n:
+        raise InputError(f"{lines:,} passages (non-blank lines) but the Flat index {flat_path} holds "
+                         f"{n:,} vectors; row i of the index must be line i of the corpus", corpus)
+
+
+@contextlib.contextmanager
+def _threads(faiss: Any, threads: int | None):
+    if threads is None:
+        yield
+        return
+    old = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(max(1, threads))
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(old)
+
+
+def _faiss() -> Any:
+    try:
+        import faiss
+    except ImportError as e:
+        raise InputError(f"index compaction needs the Python package 'faiss' ({e}); install it with "
+                         f"`pip install faiss-cpu` or `pip install 'dgpo-edge[edge]'`") from None
+    return faiss
+
+
+def _faiss_message(e: BaseException) -> str:
+    """The useful tail of a faiss RuntimeError ("Error in ... at file:line: <this>")."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text.split(": ", 2)[-1] if text.startswith("Error in") else text
+
+
+__all__ = ["FlatHeader", "IVFPQPlan", "compact", "default_encoder", "file_digest", "open_flat",
+           "plan_ivfpq", "read_flat_header", "valid_pq", "write_manifest"]
