@@ -18,22 +18,34 @@ from .errors import InputError
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "w") -> Iterator[TextIO]:
-    """Open a temp file next to `path`; rename it onto `path` only on success."""
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temp path next to `path` for a writer that wants a file name (faiss, sqlite).
+
+    The temp file is fsynced and renamed onto `path` when the block succeeds,
+    and removed when it raises.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
         make_readable(tmp)
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
-            yield f
-            f.flush()
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w") -> Iterator[TextIO]:
+    """Open a temp file next to `path`; rename it onto `path` only on success."""
+    with atomic_path(path) as tmp, open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
+        yield f
+        f.flush()
 
 
 def make_readable(path: str | Path) -> None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +49,7 @@ import faiss
 import numpy as np
 
 from ..errors import InputError
+from ..jsonio import atomic_path
 
 DENSE_KINDS = ("flat", "ivfpq", "hybrid")
 MIN_POINTS = 39  # FAISS's min_points_per_centroid: fewer training points per centroid and it warns
@@ -346,19 +346,9 @@ def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray,
 # --- files ---------------------------------------------------------------------------------------
 
 def write_index(index: faiss.Index, path: str | Path) -> None:
-    """Write `index` to a temp file next to `path`, fsync it, rename it onto `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    """Write `index` atomically (temp file next to `path`, fsync, rename)."""
+    with atomic_path(path) as tmp:
         faiss.write_index(index, str(tmp))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def read_index(path: str | Path, mmap: bool = False) -> faiss.Index:
