@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
@@ -11,17 +13,33 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from ..errors import InputError
 from .common import console, user_errors
 
 app = typer.Typer(help="Build, compact, search and serve retrieval indexes.", no_args_is_help=True)
 
 _STAGES = {"fingerprint": "reading corpus", "store": "storing passages", "embed": "embedding passages",
-           "train": "training IVF-PQ", "add": "adding vectors", "write": "writing files"}
+           "train": "building index", "add": "adding vectors", "write": "writing files"}
 
 
-def _progress_bar() -> Progress:
-    return Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-                    TimeRemainingColumn(), console=console, transient=False)
+@contextlib.contextmanager
+def _progress_bar() -> Iterator[Progress]:
+    """A live progress display; on bad input it is cleared, so the `error:` line stands alone."""
+    bar = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), console=console, transient=False)
+    bar.start()
+    try:
+        yield bar
+    except InputError:
+        # Clear the display without Progress.stop(), which also prints a blank line when not on a
+        # terminal: no half-drawn bars or blank line go to stdout before the error line.
+        bar.live.transient = True
+        bar.live.stop()
+        raise
+    except BaseException:
+        bar.stop()
+        raise
+    bar.stop()
 
 
 @app.command("build")
@@ -73,7 +91,8 @@ def compact(
     from ..retrieval.compact import compact as run_compact
     from ..retrieval.corpus import count_lines
 
-    total = 2 * count_lines(corpus)  # vectors added + passages stored
+    # vectors added + passages stored; a missing corpus is left to run_compact's "no such file"
+    total = 2 * count_lines(corpus) if corpus.is_file() else None
     with _progress_bar() as bar:
         task = bar.add_task("compacting", total=total)
         report = run_compact(flat, corpus, out, pq=pq, opq=opq, nlist=nlist, nprobe=nprobe,
@@ -93,12 +112,13 @@ def search(
     kind: Optional[str] = typer.Option(None, help="Override: dense, bm25 or hybrid."),
     encoder: Optional[str] = typer.Option(None, help="Query encoder (default: the one the index calls for)."),
     nprobe: Optional[int] = typer.Option(None, help="IVF lists searched (default: the index's)."),
+    threads: Optional[int] = typer.Option(None, help="Encoder and FAISS threads."),
 ) -> None:
     """Search an index and print the top passages."""
     from ..retrieval.retrievers import open_index
     from ..retrieval.server import result_json
 
-    with open_index(index, encoder=encoder, nprobe=nprobe, kind=kind) as retriever:
+    with open_index(index, encoder=encoder, nprobe=nprobe, kind=kind, threads=threads) as retriever:
         timed = retriever.search_timed([query], k=k)
     passages = timed.passages[0]
     if as_json:
@@ -129,7 +149,7 @@ def _print_info(index: Path, m: dict, verified: bool = False) -> None:
     enc = m.get("encoder")
     table.add_row("encoder", "none (BM25)" if not enc else f"{enc['name']} ({enc['variant']}, dim {enc['dim']})")
     table.add_row("passages", f"{m['count']:,}")
-    params = {k: v for k, v in (m.get("params") or {}).items() if v is not None}
+    params = {k: v for k, v in (m.get("params") or {}).items() if v not in (None, False)}
     if params:
         table.add_row("parameters", ", ".join(f"{k}={v}" for k, v in params.items()))
     for name, f in m["files"].items():

@@ -1,0 +1,459 @@
+"""The `dgpo-edge index` commands: build, compact, search, info and serve, end to end.
+
+Every build embeds with the real int8 MiniLM through the CLI, so builds pass
+`--threads 1`: on a small, busy machine onnxruntime's default thread pool
+spin-waits and one build can take minutes instead of seconds. The wiki-18
+passages are cut to their first words for the same reason (embedding cost
+grows with passage length; the CLI path does not depend on it).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dgpo_edge.cli.main import app
+
+pytest.importorskip("faiss")
+
+# Wide and colourless, so rich neither wraps nor colours what the assertions read.
+runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb", "FORCE_COLOR": None})
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+WIKI = "data/corpus/wiki18_sample_1000.jsonl"
+WIKI_FLAT = "data/corpus/wiki18_sample_1000.e5_flat.index"
+WIKI_ROWS = 120
+WIKI_WORDS = 30  # words kept per passage (after the title line)
+
+SHARK = "what did the fermented shark taste like"  # -> iceland.md#1, titled "iceland — Food"
+SHARK_ID, SHARK_TITLE = "iceland.md#1", "iceland — Food"
+
+
+def invoke(*args: object):
+    result = runner.invoke(app, [str(a) for a in args])
+    result.plain = _ANSI.sub("", result.output)  # type: ignore[attr-defined]
+    # rich wraps long lines at the console width; `flat` undoes that for substring checks.
+    result.flat = " ".join(result.plain.split())  # type: ignore[attr-defined]
+    return result
+
+
+def assert_one_line_error(result, *needles: str) -> str:
+    """Bad input: exit status 2 and one `error: ...` line naming the problem; no traceback."""
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.plain
+    lines = [line for line in result.plain.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.plain
+    assert result.stdout == "", result.stdout  # the line is on stderr; no progress leftovers on stdout
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def info_rows(result) -> dict[str, str]:
+    """The `index info` table as {first cell: second cell}; wrapped cells are joined."""
+    rows: dict[str, str] = {}
+    last = None
+    for line in result.plain.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃|]", line.strip(" │┃|"))]
+        if len(cells) != 2:
+            continue
+        if cells[0]:
+            last = cells[0]
+            rows[last] = cells[1]
+        elif last is not None:
+            rows[last] += " " + cells[1]
+    return rows
+
+
+def hits(result) -> list[tuple[str, str]]:
+    """(title, id) of each ranked hit `N. TITLE id ID (score)` of `index search`, in order."""
+    found = re.findall(r"^(\d+)\. (.+?) id (\S+)(?: \([-\d.]+\))?$", result.plain, flags=re.MULTILINE)
+    assert [int(rank) for rank, _, _ in found] == list(range(1, len(found) + 1)), result.plain
+    return [(title, pid) for _, title, pid in found]
+
+
+def manifest(index: Path) -> dict:
+    return json.loads((index / "manifest.json").read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def notes(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("cli-index") / "notes"
+    d.mkdir()
+    (d / "iceland.md").write_text(
+        "# Iceland trip\n\nWe drove the ring road in June and saw puffins at Dyrholaey.\n\n"
+        "## Food\n\nFermented shark tastes of ammonia; the lamb soup was excellent.\n", encoding="utf-8")
+    (d / "work.md").write_text("# Standup\n\nThe database migration is blocked on the schema review.\n",
+                               encoding="utf-8")
+    (d / "recipes.txt").write_text("Sourdough: feed the starter twice a day, bake at 250 degrees in a "
+                                   "Dutch oven.\n", encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="module")
+def flat_run(notes):
+    out = notes.parent / "flat-index"
+    return out, invoke("index", "build", notes, "--out", out, "--kind", "flat", "--threads", 1)
+
+
+@pytest.fixture(scope="module")
+def flat_index(flat_run) -> Path:
+    out, result = flat_run
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def wiki120(shared_dir, tmp_path_factory) -> Path:
+    """The first 120 wiki-18 passages as a Search-R1 jsonl, each cut to its title and first words."""
+    src = shared_dir / WIKI
+    if not src.is_file():
+        pytest.skip(f"{src} is absent")
+    out = tmp_path_factory.mktemp("cli-wiki") / "wiki120.jsonl"
+    with open(src, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as w:
+        for _, line in zip(range(WIKI_ROWS), f):
+            row = json.loads(line)
+            title, _, text = row["contents"].partition("\n")
+            row["contents"] = title + "\n" + " ".join(text.split()[:WIKI_WORDS])
+            w.write(json.dumps(row) + "\n")
+    return out
+
+
+@pytest.fixture(scope="module")
+def compact_run(shared_dir, tmp_path_factory):
+    flat, corpus = shared_dir / WIKI_FLAT, shared_dir / WIKI
+    if not (flat.is_file() and corpus.is_file()):
+        pytest.skip(f"{flat} or {corpus} is absent")
+    out = tmp_path_factory.mktemp("cli-compact") / "wiki-ivfpq"
+    return out, invoke("index", "compact", "--flat", flat, "--corpus", corpus, "--out", out, "--pq", 48,
+                       "--eval-queries", 100)
+
+
+@pytest.fixture(scope="module")
+def compacted(compact_run) -> Path:
+    out, result = compact_run
+    assert result.exit_code == 0, result.output
+    return out
+
+
+# --------------------------------------------------------------------------- help
+
+@pytest.mark.parametrize("args, expected", [
+    (["index", "--help"], ["build", "compact", "search", "info", "serve"]),
+    (["index", "build", "--help"], ["CORPUS", "--out", "--encoder", "--kind", "--nlist", "--pq", "--opq",
+                                    "--nprobe", "--threads", "--chunk", "--overwrite"]),
+    (["index", "compact", "--help"], ["--flat", "--corpus", "--out", "--pq", "--opq", "--nlist",
+                                      "--eval-queries"]),
+    (["index", "search", "--help"], ["INDEX", "QUERY", "-k", "--json", "--kind", "--encoder", "--nprobe"]),
+    (["index", "info", "--help"], ["INDEX", "--verify"]),
+    (["index", "serve", "--help"], ["INDEX", "--host", "--port", "--kind", "--topk"]),
+])
+def test_help(args, expected):
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.plain
+    for word in expected:
+        # a whole option or name: "-k" must not be satisfied by "--kind"
+        assert re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", result.plain, re.IGNORECASE), (args, word)
+
+
+def test_index_without_a_subcommand_shows_help():
+    result = invoke("index")
+    assert "Usage:" in result.plain and "build" in result.plain
+
+
+# --------------------------------------------------------------------------- a folder of notes
+
+def test_build_flat_prints_the_info_table(flat_run):
+    out, result = flat_run
+    assert result.exit_code == 0, result.output
+    m = manifest(out)
+    assert m["kind"] == "flat" and m["count"] == 4  # iceland.md has two sections
+    rows = info_rows(result)
+    assert rows["kind"] == "flat"
+    assert rows["encoder"].startswith("all-MiniLM-L6-v2 (") and "dim 384" in rows["encoder"]
+    assert rows["passages"] == "4"
+    assert "factory=Flat" in rows["parameters"]
+    for name, f in m["files"].items():
+        assert rows[name] == f"{f['bytes']:,} bytes"
+    assert f"index {out}" in result.flat
+    assert "writing files" in result.plain  # the progress display reached its last stage
+    assert not (out / ".work").exists()
+
+
+def test_search_prints_the_matching_note_first(flat_index):
+    result = invoke("index", "search", flat_index, SHARK, "-k", 2)
+    assert result.exit_code == 0, result.output
+    found = hits(result)
+    assert len(found) == 2
+    assert found[0] == (SHARK_TITLE, SHARK_ID)
+    assert "Fermented shark tastes of ammonia" in result.plain
+    assert re.search(r"encode [\d.]+ ms · search [\d.]+ ms · fetch [\d.]+ ms", result.plain)
+
+
+def test_search_json_has_search_r1_shape(flat_index):
+    result = invoke("index", "search", flat_index, SHARK, "-k", 3, "--json")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert list(body) == ["result"] and len(body["result"]) == 1
+    items = body["result"][0]
+    assert len(items) == 3
+    for item in items:
+        assert set(item) == {"document", "score"}
+        assert set(item["document"]) == {"id", "contents"}
+        assert isinstance(item["score"], float)
+    assert items[0]["document"]["id"] == SHARK_ID
+    assert items[0]["document"]["contents"] == f'"{SHARK_TITLE}"\nFermented shark tastes of ammonia; the lamb ' \
+                                               "soup was excellent."
+    scores = [item["score"] for item in items]
+    assert scores == sorted(scores, reverse=True)
+    assert len({item["document"]["id"] for item in items}) == 3
+
+
+def test_info_verify_checks_every_file(flat_index):
+    result = invoke("index", "info", flat_index, "--verify")
+    assert result.exit_code == 0, result.output
+    rows = info_rows(result)
+    files = manifest(flat_index)["files"]
+    assert set(files) == {"store.sqlite", "vectors.faiss"}
+    for name, f in files.items():
+        assert rows[name] == f"{f['bytes']:,} bytes  sha256 ok"
+    plain = invoke("index", "info", flat_index)
+    assert plain.exit_code == 0 and "sha256" not in plain.plain
+
+
+def test_bm25_build_and_bm25_search_of_a_dense_index(notes, flat_index, tmp_path):
+    out = tmp_path / "bm25-index"
+    result = invoke("index", "build", notes, "--out", out, "--kind", "bm25")
+    assert result.exit_code == 0, result.output
+    rows = info_rows(result)
+    assert rows["kind"] == "bm25" and rows["encoder"] == "none (BM25)" and rows["passages"] == "4"
+    assert not (out / "vectors.faiss").exists() and set(manifest(out)["files"]) == {"store.sqlite"}
+
+    result = invoke("index", "search", out, "sourdough starter", "-k", 2)
+    assert result.exit_code == 0, result.output
+    assert hits(result)[0] == ("recipes", "recipes.txt#0")
+    # BM25 is built for every kind: the flat index answers --kind bm25 with no encoder involved
+    result = invoke("index", "search", flat_index, "fermented shark", "--kind", "bm25", "--json")
+    assert result.exit_code == 0, result.output
+    items = json.loads(result.stdout)["result"][0]
+    assert items[0]["document"]["id"] == SHARK_ID and items[0]["score"] > 0
+    # ...but a BM25-only index has no vectors to search densely
+    assert_one_line_error(invoke("index", "search", out, "x", "--kind", "dense"), str(out), "BM25-only")
+
+
+# --------------------------------------------------------------------------- a Search-R1 jsonl
+
+@pytest.mark.shared
+def test_build_jsonl_ivfpq_then_hybrid_over_it(wiki120, tmp_path):
+    out = tmp_path / "wiki-index"
+    result = invoke("index", "build", wiki120, "--out", out, "--kind", "ivfpq", "--threads", 1)
+    assert result.exit_code == 0, result.output
+    rows = info_rows(result)
+    assert rows["kind"] == "ivfpq" and rows["passages"] == str(WIKI_ROWS)
+    m = manifest(out)
+    assert m["count"] == WIKI_ROWS and m["params"]["factory"].startswith("IVF")
+    assert f"factory={m['params']['factory']}" in rows["parameters"]
+    result = invoke("index", "search", out, "Evan Morris lobbyist for Genentech", "-k", 3)
+    assert result.exit_code == 0, result.output
+    assert hits(result)[0] == ("Evan Morris", "0")
+
+    # The same --out again: refused before any work, the old index untouched.
+    before = (out / "manifest.json").read_bytes()
+    error = assert_one_line_error(invoke("index", "build", wiki120, "--out", out, "--kind", "hybrid"),
+                                  str(out), "--overwrite")
+    assert "already exists" in error
+    assert (out / "manifest.json").read_bytes() == before
+
+    result = invoke("index", "build", wiki120, "--out", out, "--kind", "hybrid", "--threads", 1, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert info_rows(result)["kind"] == "hybrid" and manifest(out)["kind"] == "hybrid"
+    result = invoke("index", "search", out, "Evan Morris lobbyist for Genentech", "-k", 4, "--json")
+    assert result.exit_code == 0, result.output
+    items = json.loads(result.stdout)["result"][0]
+    assert len(items) == 4 and items[0]["document"]["id"] == "0"
+    assert all(0 < item["score"] <= 2 / 61 for item in items)  # reciprocal-rank fusion scores
+    assert invoke("index", "info", out, "--verify").exit_code == 0
+
+
+# --------------------------------------------------------------------------- compact (wiki-18 Flat)
+
+@pytest.mark.shared
+def test_compact_prints_a_recall_report(compact_run):
+    out, result = compact_run
+    assert result.exit_code == 0, result.output
+    stdout = _ANSI.sub("", result.stdout)
+    report = json.loads(stdout[stdout.index("\n{") + 1:])
+    assert report["count"] == 1000 and report["dim"] == 768
+    assert "PQ48" in report["factory"]
+    recall = report["recall"]
+    assert recall["queries"] == 100
+    for k in (1, 3, 10):
+        assert 0.0 <= recall[f"recall@{k}"] <= 1.0
+    assert recall["recall@1"] >= 0.5
+    assert {"vectors.faiss", "store.sqlite", "manifest.json"} <= {p.name for p in out.iterdir()}
+
+
+@pytest.mark.shared
+def test_compacted_index_info(compacted):
+    result = invoke("index", "info", compacted)
+    assert result.exit_code == 0, result.output
+    rows = info_rows(result)
+    assert rows["kind"] == "ivfpq"
+    assert rows["encoder"].startswith("e5-base-v2 (") and "dim 768" in rows["encoder"]
+    assert rows["passages"] == "1,000"
+
+
+@pytest.mark.shared
+def test_compacted_dense_search_without_e5_fails_cleanly(compacted, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./e5-base-v2 folder for the encoder lookup to find
+    result = invoke("index", "search", compacted, "x")
+    if result.exit_code == 0:
+        pytest.skip("an e5-base-v2 model is available locally, so the dense search works")
+    error = assert_one_line_error(result, str(compacted), "'e5-base-v2'")
+    assert "local path" in error and "Hugging Face cache" in error
+
+
+@pytest.mark.shared
+def test_compacted_bm25_search(compacted):
+    result = invoke("index", "search", compacted, "Evan Morris", "--kind", "bm25", "-k", 2)
+    assert result.exit_code == 0, result.output
+    found = hits(result)
+    assert len(found) == 2 and found[0] == ("Evan Morris", "0")
+
+
+@pytest.mark.shared
+def test_compact_missing_corpus(shared_dir, tmp_path):
+    flat = shared_dir / WIKI_FLAT
+    if not flat.is_file():
+        pytest.skip(f"{flat} is absent")
+    corpus = tmp_path / "nowhere.jsonl"
+    assert_one_line_error(invoke("index", "compact", "--flat", flat, "--corpus", corpus, "--out", tmp_path / "o"),
+                          str(corpus), "no such file")
+
+
+# --------------------------------------------------------------------------- bad input
+
+def test_build_missing_corpus(tmp_path):
+    corpus = tmp_path / "nowhere"
+    assert_one_line_error(invoke("index", "build", corpus, "--out", tmp_path / "idx"), str(corpus),
+                          "no such file")
+    assert not (tmp_path / "idx").exists()
+
+
+def test_build_malformed_jsonl_line(tmp_path):
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"id": "1", "contents": "\\"A\\"\\nfirst passage"}\n'
+                      '{"id": "2", "contents": \n'
+                      '{"id": "3", "contents": "\\"C\\"\\nthird passage"}\n', encoding="utf-8")
+    out = tmp_path / "idx"
+    assert_one_line_error(invoke("index", "build", corpus, "--out", out, "--kind", "flat", "--threads", 1),
+                          str(corpus), "line 2")
+    assert not out.exists()  # bad input leaves nothing behind
+
+
+def test_build_unknown_kind(notes, tmp_path):
+    assert_one_line_error(invoke("index", "build", notes, "--out", tmp_path / "idx", "--kind", "nope"),
+                          "'nope'", "flat, ivfpq, bm25, hybrid")
+    assert not (tmp_path / "idx").exists()
+
+
+def test_build_unknown_encoder(notes, tmp_path):
+    assert_one_line_error(invoke("index", "build", notes, "--out", tmp_path / "idx", "--encoder", "nosuch"),
+                          "'nosuch'", "minilm-int8")
+    assert not (tmp_path / "idx").exists()
+
+
+def test_search_unknown_encoder(flat_index):
+    assert_one_line_error(invoke("index", "search", flat_index, "x", "--encoder", "nosuch"), "'nosuch'")
+
+
+def test_search_unknown_kind(flat_index):
+    assert_one_line_error(invoke("index", "search", flat_index, "x", "--kind", "nope"), "'nope'")
+
+
+def test_search_a_folder_that_is_not_an_index(notes):
+    assert_one_line_error(invoke("index", "search", notes, "x"), str(notes), "not an index folder")
+
+
+def test_search_truncated_vectors(flat_index, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(flat_index, broken)
+    vectors = broken / "vectors.faiss"
+    with open(vectors, "r+b") as f:
+        f.truncate(vectors.stat().st_size // 2)
+    assert_one_line_error(invoke("index", "search", broken, "x"), str(vectors), "truncated")
+    assert_one_line_error(invoke("index", "info", broken), str(vectors), "truncated")
+
+
+def test_info_missing_folder(tmp_path):
+    missing = tmp_path / "nowhere"
+    assert_one_line_error(invoke("index", "info", missing), str(missing), "no such index folder")
+
+
+def test_compact_missing_flat_and_a_folder_as_corpus(notes, tmp_path):
+    flat = tmp_path / "missing.index"
+    assert_one_line_error(invoke("index", "compact", "--flat", flat, "--corpus", notes, "--out", tmp_path / "o"),
+                          str(flat), "no such file")
+    assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- serve
+
+def test_serve_answers_search_r1_requests_and_stops_on_sigint(flat_index):
+    proc = subprocess.Popen([sys.executable, "-m", "dgpo_edge", "index", "serve", str(flat_index), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str | None] = queue.Queue()  # stdout, line by line; None at its end
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        try:
+            first = lines.get(timeout=60)
+        except queue.Empty:
+            pytest.fail("the server printed nothing within 60 s")
+        match = re.fullmatch(r"Serving POST (http://127\.0\.0\.1:(\d+)/retrieve) \(Ctrl-C stops\)\n", first)
+        assert match and int(match.group(2)) > 0, (first, proc.stderr.read() if first is None else "")
+        request = urllib.request.Request(
+            match.group(1), method="POST", headers={"Content-Type": "application/json"},
+            data=json.dumps({"queries": [SHARK, "sourdough starter"], "topk": 2,
+                             "return_scores": True}).encode())
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+            body = json.loads(response.read())
+        assert list(body) == ["result"] and [len(r) for r in body["result"]] == [2, 2]
+        for item in body["result"][0] + body["result"][1]:
+            assert set(item) == {"document", "score"} and set(item["document"]) == {"id", "contents"}
+            assert isinstance(item["score"], float)
+        assert body["result"][0][0]["document"]["id"] == SHARK_ID
+        assert body["result"][1][0]["document"]["id"] == "recipes.txt#0"
+
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: serve() catches KeyboardInterrupt, says so, exits 0
+        assert proc.wait(timeout=10) == 0
+        rest = "".join(iter(lambda: lines.get(timeout=5), None))
+        assert rest == "stopped\n"
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
