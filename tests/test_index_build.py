@@ -227,22 +227,72 @@ def ids(results: list[list[Passage]]) -> list[list[str]]:
 
 # --------------------------------------------------------------------------- sizing rules
 
+# The one planning rule that `index build` and `index compact` share (dense.plan_index; compact's
+# side is checked in test_compact.py): (n, dim) -> factory, training points, nprobe, OPQ factory.
+# Below 9,984 training points PQ drops to fewer bits (never under 4) and M grows, so the code size
+# stays at the default (48 B for 384-d, 64 B for 768-d); OPQ projects to D = 4M.
+WIKI_N = 21_015_324
+SHARED_PLANS = {
+    (300, 384): ("IVF4,PQ96x4", 300, 4, None),  # OPQ refused: fewer passages than dimensions
+    (300, 768): ("IVF4,PQ128x4", 300, 4, None),
+    (1000, 384): ("IVF16,PQ96x4", 1000, 8, "OPQ96_384,IVF16,PQ96x4"),
+    (1000, 768): ("IVF16,PQ128x4", 1000, 8, "OPQ128_512,IVF16,PQ128x4"),
+    (9984, 384): ("IVF256,PQ48", 9984, 16, "OPQ48_192,IVF256,PQ48"),
+    (9984, 768): ("IVF256,PQ64", 9984, 16, "OPQ64_256,IVF256,PQ64"),
+    (10**6, 384): ("IVF4096,PQ48", 64 * 4096, 128, "OPQ48_192,IVF4096,PQ48"),
+    (10**6, 768): ("IVF4096,PQ64", 64 * 4096, 128, "OPQ64_256,IVF4096,PQ64"),
+    (WIKI_N, 384): ("IVF16384,PQ48", 64 * 16384, 128, "OPQ48_192,IVF16384,PQ48"),
+    (WIKI_N, 768): ("IVF16384,PQ64", 64 * 16384, 128, "OPQ64_256,IVF16384,PQ64"),
+}
+
+
+@pytest.mark.parametrize("n, dim", sorted(SHARED_PLANS))
+def test_shared_plan(n, dim):
+    factory, train, nprobe, opq_factory = SHARED_PLANS[n, dim]
+    p = dense.plan_index("ivfpq", dim, n)
+    assert (p.factory, p.train_points, p.nprobe, p.opq, p.opq_dim) == (factory, train, nprobe, False, None)
+    assert p.code_bytes == dense.default_code_bytes(dim) == min(64, dim // 8)  # kept at fewer bits
+    assert p.pq * p.pq_bits == 8 * p.code_bytes and dim % p.pq == 0
+    assert p.factory == f"IVF{p.nlist},PQ{p.pq}" + ("" if p.pq_bits == 8 else f"x{p.pq_bits}")
+    assert dense.factory_string("ivfpq", dim, n) == factory
+    assert dense.plan_index("hybrid", dim, n) == p
+    if opq_factory is None:
+        with pytest.raises(InputError, match=f"--opq needs at least {dim} passages"):
+            dense.plan_index("ivfpq", dim, n, opq=True)  # FAISS's OPQ training crashes below d points
+    else:
+        q = dense.plan_index("ivfpq", dim, n, opq=True)
+        assert (q.factory, q.opq, q.opq_dim) == (opq_factory, True, min(4 * q.pq, dim))
+        assert (q.nlist, q.pq, q.pq_bits, q.train_points) == (p.nlist, p.pq, p.pq_bits, p.train_points)
+
+
 def test_plan_rules():
     assert dense.default_nlist(300) == 4  # 4*sqrt(300)=69 -> 64, capped by 300/39 -> 4
     assert dense.default_nlist(10**6) == 4096
-    assert dense.default_nlist(21_015_324) == 16384
-    assert dense.default_pq_bits(77) == 0 and dense.default_pq_bits(78) == 1
-    assert dense.default_pq_bits(300) == 2 and dense.default_pq_bits(9_983) == 7
+    assert dense.default_nlist(WIKI_N) == 16384
+    assert dense.default_nlist(WIKI_N, 100_000) == 2048  # a smaller training sample caps it
+    assert dense.default_pq_bits(77) == 0 and dense.default_pq_bits(78) == 4  # never under 4 bits
+    assert dense.default_pq_bits(300) == 4 and dense.default_pq_bits(1247) == 4
+    assert dense.default_pq_bits(1248) == 5 and dense.default_pq_bits(9_983) == 7
     assert dense.default_pq_bits(9_984) == 8
-    assert dense.plan_index("ivfpq", 384, 300).factory == "IVF4,PQ192x2"  # same 48-byte code
-    assert dense.plan_index("ivfpq", 384, 10**6).factory == "IVF4096,PQ48"
-    assert dense.plan_index("ivfpq", 768, 21_015_324, opq=True).factory == "OPQ64,IVF16384,PQ64"
-    assert dense.plan_index("ivfpq", 384, 50).factory == "Flat"  # too few to train any quantizer
-    assert dense.plan_index("ivfpq", 384, 10**6, pq="96x4").factory == "IVF4096,PQ96x4"
+    assert dense.plan_index("ivfpq", 384, 77).factory == "Flat"  # too few to train IVF-PQ
+    assert dense.plan_index("ivfpq", 384, 78).factory == "IVF2,PQ96x4"
+    assert dense.plan_index("ivfpq", 768, 9_983).factory == "IVF128,PQ64x7"  # M <= 64*8/7 dividing 768: 56 B
+    assert dense.plan_index("ivfpq", 384, 10**6, pq="96x4").factory == "IVF4096,PQ96x4"  # exact MxB as given
+    assert dense.plan_index("ivfpq", 768, 1000, pq=48).factory == "IVF16,PQ96x4"  # 48 B of code
+    assert dense.plan_index("ivfpq", 768, WIKI_N, pq=100, opq=True).factory == "OPQ100_400,IVF16384,PQ100"
     assert dense.factory_string("flat", 384, 10) == "Flat"
     assert dense.default_nprobe(4) == 4 and dense.default_nprobe(4096) == 128
-    with pytest.raises(InputError, match="divide"):
+    # an explicit training sample: nlist and bits follow it, OPQ is judged by it
+    p = dense.plan_index("ivfpq", 768, WIKI_N, train_size=1000)
+    assert (p.factory, p.train_points) == ("IVF16,PQ128x4", 1000)
+    with pytest.raises(InputError, match="--opq needs at least 768 passages.*training sample has 700"):
+        dense.plan_index("ivfpq", 768, WIKI_N, opq=True, train_size=700)
+    with pytest.raises(InputError, match="--nlist 4096 needs at least 4096 training vectors"):
+        dense.plan_index("ivfpq", 768, WIKI_N, nlist=4096, train_size=1000)
+    with pytest.raises(InputError, match="does not divide the vector dimension 384"):
         dense.plan_index("ivfpq", 384, 10**6, pq=50)
+    with pytest.raises(InputError, match="4\\*M <= 384 or divide 384"):
+        dense.plan_index("ivfpq", 384, 10**6, pq=100, opq=True)
     with pytest.raises(InputError, match="opq"):
         dense.plan_index("ivfpq", 384, 300, opq=True)  # FAISS's OPQ crashes below d training points
     with pytest.raises(InputError, match="nlist"):
@@ -252,7 +302,7 @@ def test_plan_rules():
 def test_set_nprobe_sees_through_opq():
     x = np.random.default_rng(0).standard_normal((2000, 32)).astype(np.float32)
     plan = dense.plan_index("ivfpq", 32, len(x), opq=True, nprobe=3)
-    assert plan.factory.startswith("OPQ4,IVF")
+    assert plan.factory == "OPQ6_24,IVF32,PQ6x5"  # 4 B of code: 5 bits from 2,000 points, M = 32/5
     index = dense.train_and_add([x[:1000], x[1000:]], plan, 32, train=x[dense.sample_rows(2000, 1000)])
     assert isinstance(index, faiss.IndexPreTransform) and index.ntotal == 2000
     assert dense.set_nprobe(index, None) == 3
@@ -282,7 +332,7 @@ def test_manifest_fields_and_sha256(built, minilm, kind):
         assert m["params"]["factory"] == "Flat" and m["params"]["chunk"] == CHUNK
     if kind in ("ivfpq", "hybrid"):
         p = m["params"]
-        assert p["factory"] == f"IVF{p['nlist']},PQ{p['pq']}x{p['pq_bits']}" == "IVF4,PQ192x2"
+        assert p["factory"] == f"IVF{p['nlist']},PQ{p['pq']}x{p['pq_bits']}" == "IVF4,PQ96x4"  # 48 B
         assert p["nprobe"] == 4 and p["opq"] is False
         index = faiss.read_index(str(d / "vectors.faiss"))
         assert dense.describe(index) == {"ntotal": N, "dim": 384, "nlist": 4, "nprobe": 4}
@@ -369,7 +419,7 @@ def test_folder_of_notes(tmp_path, minilm):
     # a folder corpus with an IVF-PQ plan: 120 generated passages
     m = build_index(_note_corpus(tmp_path / "logs", 12, 10, seed=1), tmp_path / "logs-index",
                     encoder_spec=minilm, kind="hybrid")
-    assert m["count"] == 120 and m["params"]["factory"] == "IVF2,PQ384x1"
+    assert m["count"] == 120 and m["params"]["factory"] == "IVF2,PQ96x4"
     with open_index(tmp_path / "logs-index", encoder=minilm) as r:
         assert [len(x) for x in r.search(["a salt mine in Peru"] * 2, 4)] == [4, 4]
 
@@ -534,6 +584,6 @@ def test_options_that_need_more_passages_fail_before_embedding(corpus, minilm, t
         build_index(corpus, tmp_path / "a", encoder_spec=counting, kind="ivfpq", opq=True, chunk=CHUNK)
     with pytest.raises(InputError, match="--nlist 512"):
         build_index(corpus, tmp_path / "b", encoder_spec=counting, kind="ivfpq", nlist=512, chunk=CHUNK)
-    with pytest.raises(InputError, match="--pq 50 must divide"):  # known before the corpus is read
+    with pytest.raises(InputError, match="--pq 50 does not divide"):  # known before the corpus is read
         build_index(corpus, tmp_path / "c", encoder_spec=counting, kind="ivfpq", pq=50)
     assert counting.calls == 0 and not (tmp_path / "c").exists()

@@ -20,25 +20,25 @@ are all read through that map. Before faiss sees the file its 45-byte header
 is parsed, so a foreign, non-Flat, L2 or truncated file is an InputError
 naming the file, not a faiss traceback.
 
-Parameter choices (`plan_ivfpq`):
+Parameter choices (`plan_ivfpq`) are `dense.plan_index`'s, the rules that
+`dgpo-edge index build` uses too, so compacting a Flat index and building from
+the corpus give the same factory for the same options (see `dense` for the
+rules and the measurements behind them). `pq` is the code size in bytes per
+vector (the M of `PQ{M}` at 8 bits; default 64 for e5's 768 dims); with fewer
+than 9,984 training rows PQ gets fewer bits (never under 4) and M grows so the
+code keeps its size: the 1,000-passage sample gets `IVF16,PQ128x4`, wiki-18
+`IVF16384,PQ64` (nlist 4*sqrt(n) as a power of two, at least 39 training rows
+per list) trained on 1,048,576 rows. `opq` gives `OPQ{M}_{4M}` (or `_{d}`
+when 4M > d), refused with fewer training rows than dimensions (FAISS's OPQ
+training crashes the process there). What `compact` does its own way:
 
-- nlist: 4*sqrt(n) rounded to a power of two (faiss's "4 to 16 sqrt(N)"
-  guideline; wiki-18: 16,384), lowered to a power of two with at least 39
-  training points per list (the 1,000-passage sample gets IVF16).
-- Training sample: min(n, max(39*nlist, 50*256)) random rows (seeded); the
-  default nlist never needs more than 1,000,000 (wiki-18: 638,976 rows, 2 GB).
-  An explicit nlist gets its 39*nlist rows even beyond that.
-- PQ bits: 8 (256 centroids per sub-quantizer) when the sample has at least
-  39*256 = 9,984 rows, which is what faiss's k-means asks for; below that the
-  largest b with 39*2^b rows, never under 4 (`PQ48x4` for 1,000 passages,
-  `PQ16x6` for 3,000). On a tiny corpus 8-bit codebooks cost more than
-  they save: on the 1,000-passage sample PQ48 (8-bit) reached recall@10 0.72
-  against 0.56 for PQ48x4, but its codebooks alone (768 x 256 floats, 786 KB)
-  are 14x the codes and a quarter of the Flat file.
-- OPQ: `OPQ{M}_{D}` with D = 4M (faiss's "D = 4M often good"), or d when 4M > d.
-- Polysemous training (the factory's default for IVF-PQ) is switched off: it
-  only serves Hamming pre-filtering (`polysemous_ht`), which is never used
-  here, and it took 10 s of the 10.2 s training time on the 1,000-row sample.
+- Training sample: `train_size` rows (default `dense`'s size) drawn at random
+  with the seed, read through the map in row order. An explicit
+  `train_size` also caps nlist and sets the PQ bits.
+- Polysemous training (the factory's default for IVF-PQ) is switched off
+  (`dense.train_index`): it only serves Hamming pre-filtering
+  (`polysemous_ht`), which is never used here, and it took 10 s of the 10.2 s
+  training time on the 1,000-row sample.
 
 Recall report. There is no query encoder here, so the queries are database
 vectors: `eval_queries` rows picked with the seed (outside the training sample
@@ -51,7 +51,7 @@ ground truth is the Flat index's exact top-k (searched through the map);
 recall@k = |Flat top-k ∩ compact top-k| / k, averaged over queries. The sweep
 runs nprobe in 1, 4, 16, 64, 256 (capped at nlist); unless `nprobe` is given
 the default nprobe is the smallest swept value whose recall@max(k) is within
-0.01 of the best swept value.
+0.01 of the best swept value (without a recall report, `dense`'s default).
 
 Atomicity: everything is built in `DIR/.partial-*` and renamed into DIR at the
 end, manifest last (an old manifest is removed first, so a manifest is only
@@ -87,11 +87,6 @@ STORE_FILE = "store.sqlite"
 MANIFEST_FILE = "manifest.json"
 KIND = "ivfpq"
 
-MIN_POINTS_PER_CENTROID = 39  # faiss k-means warns below this many training points per centroid
-TRAIN_FLOOR = 50 * 256  # enough rows for 8-bit PQ whatever nlist is
-TRAIN_CAP = 1_000_000  # the default nlist never needs more (see plan_ivfpq)
-MIN_PQ_BITS = 4
-MIN_VECTORS = 2 ** MIN_PQ_BITS  # k-means needs at least as many points as centroids
 NPROBE_SWEEP = (1, 4, 16, 64, 256)
 NPROBE_TOLERANCE = 0.01
 QUERY_NOISE = 0.2
@@ -182,92 +177,35 @@ def open_flat(path: str | Path) -> Any:
 
 # --- parameters ------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class IVFPQPlan:
-    """The index `compact` will build for n vectors of dimension dim."""
-
-    factory: str
-    dim: int
-    count: int
-    nlist: int
-    pq: int
-    pq_bits: int
-    opq: bool
-    opq_dim: int | None
-    train_size: int
-
-    @property
-    def code_bytes(self) -> int:
-        """Bytes of PQ code per vector (the inverted lists add an 8-byte id)."""
-        return (self.pq * self.pq_bits + 7) // 8
-
-
-def _pow2_round(x: float) -> int:
-    return 1 << max(0, round(math.log2(x))) if x >= 1 else 1
-
-
-def _pow2_floor(x: float) -> int:
-    return 1 << max(0, math.floor(math.log2(x))) if x >= 1 else 1
-
-
 def valid_pq(dim: int, opq: bool = False) -> list[int]:
-    """PQ sizes M that `compact` accepts for vectors of dimension `dim`.
+    """PQ sizes M that `compact` accepts for vectors of dimension `dim` (`dense.valid_pq`).
 
     Without OPQ, M must divide dim. With OPQ the rotation maps to D = 4M
     dims (any M with 4M <= dim) or, for larger M, to dim itself, which M then
     has to divide.
     """
-    divisors = [m for m in range(1, dim + 1) if dim % m == 0]
-    if not opq:
-        return divisors
-    return sorted(set(range(1, dim // 4 + 1)) | set(divisors))
+    return _dense().valid_pq(dim, opq)
 
 
-def _pq_error(pq: int, dim: int, opq: bool, path: str | Path | None) -> InputError:
-    if opq:
-        big = [m for m in valid_pq(dim, opq) if 4 * m > dim]
-        listing = f"1..{dim // 4}" + (f", or {', '.join(map(str, big))}" if big else "")
-        return InputError(f"--pq {pq} does not fit OPQ on dimension {dim}: M must satisfy 4*M <= {dim} "
-                          f"or divide {dim}; valid values: {listing}", path)
-    return InputError(f"--pq {pq} does not divide the vector dimension {dim}; valid values: "
-                      f"{', '.join(map(str, valid_pq(dim)))}", path)
+def plan_ivfpq(count: int, dim: int, pq: int | None = None, opq: bool = False, nlist: int | None = None,
+               train_size: int | None = None, where: str | Path | None = None) -> Any:
+    """`dense.plan_index` for compacting `count` vectors: a `dense.IndexPlan`, never Flat.
 
-
-def plan_ivfpq(count: int, dim: int, pq: int = 64, opq: bool = False, nlist: int | None = None,
-               train_size: int | None = None, where: str | Path | None = None) -> IVFPQPlan:
-    """Choose nlist, the training-sample size and PQ bits (rules in the module docstring).
-
+    `pq`: code bytes per vector (None: dense's default, 64 for 768 dims).
     InputError (naming `where`, the Flat file) for a PQ size that does not fit
-    `dim`, nlist or train_size out of range, or fewer than 16 vectors.
+    `dim`, nlist or train_size out of range, OPQ with fewer training vectors
+    than dimensions, or fewer vectors than IVF-PQ needs (78).
     """
-    if count < MIN_VECTORS:
-        raise InputError(f"{count} vectors are too few for IVF-PQ (at least {MIN_VECTORS}); keep the "
+    dense = _dense()
+    if count < dense.MIN_IVFPQ:
+        raise InputError(f"{count} vectors are too few for IVF-PQ (at least {dense.MIN_IVFPQ}); keep the "
                          f"Flat index", where)
-    if isinstance(pq, bool) or not isinstance(pq, int) or pq < 1 or pq not in valid_pq(dim, opq):
-        raise _pq_error(pq, dim, opq, where)
-    if train_size is not None and train_size < 1:
-        raise InputError(f"train size must be >= 1, got {train_size}", where)
-    if nlist is None:
-        cap = min(count, train_size or TRAIN_CAP)
-        nlist = min(_pow2_round(4 * math.sqrt(count)), _pow2_floor(cap / MIN_POINTS_PER_CENTROID))
-    elif nlist < 1 or nlist > count:
-        raise InputError(f"--nlist {nlist} is out of range: 1..{count} (the number of vectors)", where)
-    if train_size is None:
-        train_size = max(MIN_POINTS_PER_CENTROID * nlist, TRAIN_FLOOR)
-    train_size = min(train_size, count)
-    if nlist > train_size:
-        raise InputError(f"--nlist {nlist} needs at least {nlist} training vectors, got {train_size}", where)
-    bits = 8
-    while bits > MIN_PQ_BITS and train_size < MIN_POINTS_PER_CENTROID << bits:
-        bits -= 1
-    if train_size < 1 << bits:
-        raise InputError(f"{train_size} training vectors are too few for {1 << bits}-centroid PQ; use "
-                         f"at least {1 << bits}", where)
-    opq_dim = (4 * pq if 4 * pq <= dim else dim) if opq else None
-    pq_part = f"PQ{pq}" if bits == 8 else f"PQ{pq}x{bits}"
-    factory = (f"OPQ{pq}_{opq_dim}," if opq else "") + f"IVF{nlist},{pq_part}"
-    return IVFPQPlan(factory=factory, dim=dim, count=count, nlist=nlist, pq=pq, pq_bits=bits, opq=opq,
-                     opq_dim=opq_dim, train_size=train_size)
+    if pq is not None and (isinstance(pq, bool) or not isinstance(pq, int)):
+        raise InputError(f"--pq {pq!r}: expected a whole number of code bytes per vector", where)
+    try:
+        return dense.plan_index(KIND, dim, count, nlist=nlist, pq=pq, opq=opq, train_size=train_size)
+    except InputError as e:
+        raise InputError(e.message, where) from None
 
 
 def default_encoder(dim: int) -> EncoderSpec:
@@ -307,7 +245,7 @@ def write_manifest(out_dir: str | Path, *, files: Iterable[str], **fields: Any) 
 
 # --- the engine ------------------------------------------------------------------------------
 
-def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path, pq: int = 64,
+def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path, pq: int | None = None,
             opq: bool = False, nlist: int | None = None, nprobe: int | None = None,
             train_size: int | None = None, chunk: int = 100_000, eval_queries: int = 500,
             k_values: Sequence[int] = (1, 3, 10), encoder: EncoderSpec | None = None, seed: int = 0,
@@ -327,7 +265,10 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
     InputError, before anything is written, for: a Flat file that is missing,
     not an IndexFlatIP, or truncated; a corpus whose line count differs from
     the index's row count; a PQ size that does not fit the dimension; bad
-    nlist/nprobe/train_size/eval values; an encoder spec of another dimension.
+    nlist/nprobe/train_size/eval values; OPQ with fewer training vectors than
+    dimensions; an encoder spec of another dimension. `pq` (code bytes per
+    vector), `opq`, `nlist` and `train_size` are planned by `dense.plan_index`
+    (None: its defaults).
     Corpus lines that fail to parse raise InputError (file and line) while
     the store is built, and leave nothing behind either.
     """
@@ -364,12 +305,12 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
     partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))
     try:
         with _threads(faiss, threads if threads is not None else (1 if n < SMALL_JOB else None)):
-            report = _build(faiss, flat, flat_path, corpus_path, partial, plan, nprobe, chunk,
+            report = _build(faiss, flat, flat_path, corpus_path, partial, plan, n, d, nprobe, chunk,
                             eval_queries, ks, seed, progress, query_noise, fts, say)
         report["seconds"]["total"] = round(time.perf_counter() - t_start, 2)
         params = {"factory": plan.factory, "nlist": plan.nlist, "nprobe": report["nprobe"],
                   "pq": plan.pq, "pq_bits": plan.pq_bits, "opq": plan.opq, "opq_dim": plan.opq_dim,
-                  "train_size": plan.train_size, "seed": seed}
+                  "train_size": plan.train_points, "seed": seed}
         write_manifest(partial, files=(INDEX_FILE, STORE_FILE), kind=KIND, encoder=spec.to_dict(),
                        count=n, dim=d, metric="ip", params=params,
                        store={"bm25": fts, "compression": report.pop("store_compression")},
@@ -394,12 +335,12 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
     return report
 
 
-def _build(faiss: Any, flat: Any, flat_path: Path, corpus_path: Path, work: Path, plan: IVFPQPlan,
-           nprobe: int | None, chunk: int, eval_queries: int, ks: list[int], seed: int,
+def _build(faiss: Any, flat: Any, flat_path: Path, corpus_path: Path, work: Path, plan: Any, n: int,
+           d: int, nprobe: int | None, chunk: int, eval_queries: int, ks: list[int], seed: int,
            progress: Callable[[int], None] | None, query_noise: float, fts: bool,
            say: Callable[[str], None]) -> dict[str, Any]:
-    """Store, train, add, evaluate and write into `work`; return the report."""
-    n, d = plan.count, plan.dim
+    """Store, train, add, evaluate and write into `work`; return the report (`plan`: a dense.IndexPlan)."""
+    dense = _dense()
     seconds: dict[str, float] = {}
     rng = np.random.default_rng(seed)
 
@@ -418,24 +359,15 @@ def _build(faiss: Any, flat: Any, flat_path: Path, corpus_path: Path, work: Path
 
     # train on a seeded random sample, read through the map in sorted order
     t = time.perf_counter()
-    train_rows = np.sort(rng.choice(n, size=plan.train_size, replace=False)) if plan.train_size < n \
-        else np.arange(n)
-    say(f"training {plan.factory} on {plan.train_size:,} of {n:,} vectors")
-    index = faiss.index_factory(d, plan.factory, faiss.METRIC_INNER_PRODUCT)
+    size = plan.train_points
+    train_rows = np.sort(rng.choice(n, size=size, replace=False)) if size < n else np.arange(n)
+    say(f"training {plan.factory} on {size:,} of {n:,} vectors")
+    index = dense.new_index(plan, d)
     ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
-    ivf.do_polysemous_training = False
     ivf.cp.seed = seed
     ivf.pq.cp.seed = seed
-    keep_alive = None
-    if plan.opq and plan.pq_bits != 8:
-        # OPQMatrix trains with an 8-bit PQ of its own unless given one
-        opq_matrix = faiss.downcast_VectorTransform(index.chain.at(0))
-        keep_alive = faiss.ProductQuantizer(plan.opq_dim, plan.pq, plan.pq_bits)
-        opq_matrix.pq = keep_alive
     xt = _rows(flat, train_rows, chunk)
-    index.train(xt)
-    if keep_alive is not None:
-        opq_matrix.pq = None
+    dense.train_index(index, xt)  # polysemous training off, OPQ's PQ at the index's bits
     del xt
     seconds["train"] = round(time.perf_counter() - t, 2)
 
@@ -451,11 +383,12 @@ def _build(faiss: Any, flat: Any, flat_path: Path, corpus_path: Path, work: Path
     t = time.perf_counter()
     if eval_queries > 0:
         say(f"measuring recall against Flat on {min(eval_queries, n)} queries")
-        recall = _evaluate(faiss, flat, index, plan, train_rows, eval_queries, ks, rng, query_noise, nprobe)
+        recall = _evaluate(faiss, flat, index, plan.nlist, train_rows, eval_queries, ks, rng, query_noise,
+                           nprobe)
         chosen = recall["nprobe"]
     else:
         recall = None
-        chosen = nprobe or min(plan.nlist, max(16, plan.nlist // 64))
+        chosen = nprobe or plan.nprobe
     faiss.extract_index_ivf(index).nprobe = chosen
     seconds["eval"] = round(time.perf_counter() - t, 2)
 
@@ -467,15 +400,15 @@ def _build(faiss: Any, flat: Any, flat_path: Path, corpus_path: Path, work: Path
     sizes["index_bytes_per_vector"] = round(sizes["index"] / n, 2)
     sizes["code_bytes_per_vector"] = plan.code_bytes
     return {"factory": plan.factory, "count": n, "dim": d, "nlist": plan.nlist, "nprobe": chosen,
-            "train_size": plan.train_size, "recall": recall, "bytes": sizes, "seconds": seconds,
+            "train_size": plan.train_points, "recall": recall, "bytes": sizes, "seconds": seconds,
             "store_compression": compression}
 
 
-def _evaluate(faiss: Any, flat: Any, index: Any, plan: IVFPQPlan, train_rows: np.ndarray,
+def _evaluate(faiss: Any, flat: Any, index: Any, nlist: int, train_rows: np.ndarray,
               eval_queries: int, ks: list[int], rng: np.random.Generator, noise: float,
               nprobe: int | None) -> dict[str, Any]:
     """Recall of `index` against the exact Flat top-k on noisy database-vector queries."""
-    n, d = plan.count, plan.dim
+    n, d = int(flat.ntotal), int(flat.d)
     q = min(eval_queries, n)
     if n - len(train_rows) >= q:  # held out from training when the corpus allows it
         pool = np.setdiff1d(np.arange(n), train_rows, assume_unique=True)
@@ -492,7 +425,7 @@ def _evaluate(faiss: Any, flat: Any, index: Any, plan: IVFPQPlan, train_rows: np
     _, truth = flat.search(queries, kmax)
 
     ivf = faiss.extract_index_ivf(index)
-    probes = sorted({min(p, plan.nlist) for p in NPROBE_SWEEP} | ({nprobe} if nprobe else set()))
+    probes = sorted({min(p, nlist) for p in NPROBE_SWEEP} | ({nprobe} if nprobe else set()))
     sweep, found_at = [], {}
     for p in probes:
         ivf.nprobe = p
@@ -581,11 +514,19 @@ def _faiss() -> Any:
     return faiss
 
 
+def _dense() -> Any:
+    """The `dense` module (planning and training), imported only when faiss is there."""
+    _faiss()
+    from . import dense
+
+    return dense
+
+
 def _faiss_message(e: BaseException) -> str:
     """The useful tail of a faiss RuntimeError ("Error in ... at file:line: <this>")."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return text.split(": ", 2)[-1] if text.startswith("Error in") else text
 
 
-__all__ = ["FlatHeader", "IVFPQPlan", "compact", "default_encoder", "file_digest", "open_flat",
+__all__ = ["FlatHeader", "compact", "default_encoder", "file_digest", "open_flat",
            "plan_ivfpq", "read_flat_header", "valid_pq", "write_manifest"]
