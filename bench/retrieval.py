@@ -32,15 +32,14 @@ import threading
 import time
 from pathlib import Path
 
-import faiss
 import numpy as np
 
 from dgpo_edge.arc import gold_in_passages
 from dgpo_edge.jsonio import read_jsonl, write_json
 from dgpo_edge.retrieval import dense
-from dgpo_edge.retrieval.build import build_index, load_manifest
+from dgpo_edge.retrieval.build import build_index
 from dgpo_edge.retrieval.encoders import load_encoder
-from dgpo_edge.retrieval.retrievers import BM25Retriever, DenseRetriever, rrf
+from dgpo_edge.retrieval.retrievers import DenseRetriever, rrf
 from dgpo_edge.retrieval.store import PassageStore
 
 WIKI18 = 21_015_324

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .jsonio import require_file
 
 
 def _raise(message: str) -> None:
@@ -58,8 +59,7 @@ class ChatTemplate:
         path = Path(path)
         if path.is_dir():
             path = path / "tokenizer_config.json"
-        if not path.is_file():
-            raise InputError("no such file", path)
+        require_file(path)
         try:
             config = json.loads(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
-from .jsonio import read_jsonl
+from .jsonio import read_jsonl, require_file
 from .metrics import normalize_answer
 
 ANSWER_SPLIT = "<|answer_split|>"  # DeepResearcher joins gold aliases with this
@@ -103,8 +103,7 @@ def _extras(row: Mapping, known: Iterable[str]) -> dict:
 
 def _iter_parquet(path: Path) -> Iterator[tuple[int, dict]]:
     """Yield (0-based row, dict) batch by batch; unreadable files become InputError."""
-    if not path.is_file():
-        raise InputError("no such file", path)
+    require_file(path)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -249,8 +248,7 @@ READERS: dict[str, Callable[[str | Path], Iterator[QAExample]]] = {
 def detect_format(path: str | Path) -> str:
     """Guess the format from the extension and the first record's keys/columns."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError("no such file", path)
+    require_file(path)
     if path.suffix == ".parquet":
         return _detect_parquet(path)
     if path.suffix in (".jsonl", ".json"):

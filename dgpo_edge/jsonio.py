@@ -74,15 +74,23 @@ def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
     return n
 
 
+def require_file(path: str | Path) -> Path:
+    """`path` as a Path if it is a readable file; else InputError saying what it is instead."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError("is a directory, expected a file", path)
+    if not path.is_file():
+        raise InputError("no such file", path)
+    return path
+
+
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Yield (1-based line number, object) for each non-blank line.
 
     Raises InputError naming the file and line for a missing file, bytes that
     are not UTF-8, malformed JSON, or a line that is not a JSON object.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("no such file", path)
+    path = require_file(path)
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             try:

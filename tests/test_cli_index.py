@@ -457,3 +457,45 @@ def test_serve_answers_search_r1_requests_and_stops_on_sigint(flat_index):
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+# ------------------------------------------------------------ options checked before any work
+
+def test_bad_threads_fail_before_anything_is_written(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "1", "contents": "\\"T\\"\\nsome text"}\n', encoding="utf-8")
+    out = tmp_path / "idx"
+    result = invoke("index", "build", corpus, "--out", out, "--kind", "flat", "--threads", "0")
+    assert result.exit_code == 2 and "Traceback" not in result.plain
+    assert not out.exists()  # rejected before the store or any embedding was started
+
+
+def test_build_api_rejects_bad_threads_before_work(tmp_path):
+    from dgpo_edge.errors import InputError
+    from dgpo_edge.retrieval.build import build_index
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "1", "contents": "\\"T\\"\\nsome text"}\n', encoding="utf-8")
+    with pytest.raises(InputError, match="--threads"):
+        build_index(corpus, tmp_path / "idx", kind="bm25", threads=0)
+    assert not (tmp_path / "idx").exists()
+
+
+def test_empty_query_and_wrong_path_types(tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("# A\n\nApples are red.\n", encoding="utf-8")
+    idx = tmp_path / "idx"
+    assert invoke("index", "build", notes, "--out", idx, "--kind", "bm25").exit_code == 0
+    assert_one_line_error(invoke("index", "search", idx, "   "), "query is empty")
+    some_file = notes / "a.md"
+    assert_one_line_error(invoke("index", "info", some_file), str(some_file), "is a file")
+    assert_one_line_error(invoke("data", "inspect", notes), str(notes), "is a directory")
+
+
+def test_nlist_range_message_does_not_leak_a_placeholder(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "1", "contents": "\\"T\\"\\nsome text"}\n', encoding="utf-8")
+    line = assert_one_line_error(invoke("index", "build", corpus, "--out", tmp_path / "o", "--nlist", "0"),
+                                 "--nlist 0")
+    assert "1099511627776" not in line

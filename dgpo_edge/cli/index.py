@@ -52,8 +52,8 @@ def build(
     nlist: Optional[int] = typer.Option(None, help="IVF lists (default about 4*sqrt(n), see docs/retrieval.md)."),
     pq: Optional[str] = typer.Option(None, help="PQ code bytes per vector, or MxBITS (e.g. 48 or 48x4)."),
     opq: bool = typer.Option(False, help="Rotate vectors with OPQ before PQ (better recall, slower build)."),
-    nprobe: Optional[int] = typer.Option(None, help="IVF lists searched per query (saved as the default)."),
-    threads: Optional[int] = typer.Option(None, help="Encoder and FAISS threads (default: library defaults)."),
+    nprobe: Optional[int] = typer.Option(None, min=1, help="IVF lists searched per query (saved as the default)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads (default: library defaults)."),
     chunk: int = typer.Option(1024, help="Passages per embedding chunk (the unit a rerun resumes from)."),
     overwrite: bool = typer.Option(False, help="Replace an existing index in --out."),
 ) -> None:
@@ -85,7 +85,7 @@ def compact(
     nlist: Optional[int] = typer.Option(None, help="IVF lists (default about 4*sqrt(n))."),
     nprobe: Optional[int] = typer.Option(None, help="Default lists searched (default: chosen from a recall sweep)."),
     eval_queries: int = typer.Option(500, help="Held-out query vectors for the recall report."),
-    threads: Optional[int] = typer.Option(None, help="FAISS threads."),
+    threads: Optional[int] = typer.Option(None, min=1, help="FAISS threads."),
 ) -> None:
     """Turn a Search-R1 Flat index into IVF-PQ plus a compressed passage store; report recall@k."""
     from ..retrieval.compact import compact as run_compact
@@ -109,12 +109,14 @@ def search(
     query: str = typer.Argument(..., help="The query text."),
     k: int = typer.Option(3, "-k", min=1, max=100, help="Passages to return."),
     as_json: bool = typer.Option(False, "--json", help="Print Search-R1's /retrieve result shape as JSON."),
-    kind: Optional[str] = typer.Option(None, help="Override: dense, bm25 or hybrid."),
+    kind: Optional[str] = typer.Option(None, help="Override the index's kind: dense (its vectors), bm25 or hybrid."),
     encoder: Optional[str] = typer.Option(None, help="Query encoder (default: the one the index calls for)."),
-    nprobe: Optional[int] = typer.Option(None, help="IVF lists searched (default: the index's)."),
-    threads: Optional[int] = typer.Option(None, help="Encoder and FAISS threads."),
+    nprobe: Optional[int] = typer.Option(None, min=1, help="IVF lists searched (default: the index's)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads."),
 ) -> None:
     """Search an index and print the top passages."""
+    if not query.strip():
+        raise InputError("the query is empty")
     from ..retrieval.retrievers import open_index
     from ..retrieval.server import result_json
 
@@ -167,7 +169,7 @@ def serve(
     kind: Optional[str] = typer.Option(None, help="Override: dense, bm25 or hybrid."),
     topk: int = typer.Option(3, help="Passages per query when a request gives no topk."),
     max_queries: int = typer.Option(256, help="Largest batch of queries one request may hold."),
-    threads: Optional[int] = typer.Option(None, help="Encoder and FAISS threads."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads."),
 ) -> None:
     """Serve Search-R1's POST /retrieve API for an index (Ctrl-C stops)."""
     from ..retrieval.retrievers import open_index

@@ -80,6 +80,7 @@ STATE_VERSION = 1
 LOCK_FILE = ".lock"
 BUILD_FILES = (STORE_FILE, INDEX_FILE, MANIFEST_FILE)  # what an index folder holds
 
+UNKNOWN_COUNT = 1 << 40  # stands for "any number of passages" in early option checks
 Progress = Callable[[str, int, "int | None"], None]
 
 
@@ -104,6 +105,8 @@ def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder
         raise InputError(f"unknown index kind {kind!r}: expected one of {', '.join(KINDS)}")
     if chunk < 1:
         raise InputError(f"--chunk must be >= 1, got {chunk}")
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads must be >= 1, got {threads}")
     if batch_size < 1:
         raise InputError(f"batch size must be >= 1, got {batch_size}")
     if kind in ("bm25", "hybrid") and not bm25:
@@ -122,7 +125,9 @@ def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder
 
         encoder = _encoder(encoder_spec, threads)
         # Syntax and divisibility of nlist/pq/opq/nprobe, before hours of work (n is not known yet).
-        dense.plan_index(kind, encoder.spec.dim, 1 << 40, nlist=nlist, pq=pq, opq=opq, nprobe=nprobe)
+        # The passage count is not known yet: check with an unbounded one (the
+        # real count is checked again once the store is built).
+        dense.plan_index(kind, encoder.spec.dim, UNKNOWN_COUNT, nlist=nlist, pq=pq, opq=opq, nprobe=nprobe)
 
     created = not out.exists()
     work = out / WORK_DIR
@@ -427,6 +432,8 @@ def load_manifest(index_dir: str | Path) -> dict[str, Any]:
     an unknown kind, or missing fields.
     """
     d = Path(index_dir)
+    if d.is_file():
+        raise InputError("is a file, not an index folder", d)
     if not d.is_dir():
         raise InputError("no such index folder", d)
     path = d / MANIFEST_FILE

@@ -78,6 +78,7 @@ import numpy as np
 
 from .. import __version__, jsonio
 from ..errors import InputError
+from ..jsonio import require_file
 from .base import EncoderSpec
 from .corpus import count_lines, iter_jsonl_corpus
 from .store import PassageStore
@@ -126,8 +127,7 @@ def read_flat_header(path: str | Path) -> FlatHeader:
     a file whose size does not match 45 + 4*d*n bytes (truncated or padded).
     """
     path = Path(path)
-    if not path.is_file():
-        raise InputError("no such file", path)
+    require_file(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(_HEADER_BYTES)
@@ -481,8 +481,7 @@ def _check_corpus_count(corpus: Path, n: int, flat_path: Path) -> None:
     when that count differs are blank lines (which the reader skips) excluded
     by a slower line-by-line count, before the mismatch is reported.
     """
-    if not corpus.is_file():
-        raise InputError("no such file", corpus)
+    require_file(corpus)
     lines = count_lines(corpus)
     if lines != n:
         with open(corpus, "rb") as f:

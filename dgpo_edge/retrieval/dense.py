@@ -91,7 +91,7 @@ import faiss
 import numpy as np
 
 from ..errors import InputError
-from ..jsonio import atomic_path
+from ..jsonio import atomic_path, require_file
 
 DENSE_KINDS = ("flat", "ivfpq", "hybrid")
 MIN_POINTS = 39  # FAISS's min_points_per_centroid: fewer training points per centroid and it warns
@@ -252,7 +252,8 @@ def plan_index(kind: str, dim: int, n: int, nlist: int | None = None, pq: int | 
     if nlist is None:
         nlist = default_nlist(n, t)
     elif not 1 <= nlist <= n:
-        raise InputError(f"--nlist {nlist} is out of range: 1..{n} (the number of passages)")
+        raise InputError(f"--nlist {nlist} is out of range: it must be between 1 and the number of "
+                         f"passages" + ("" if n >= 1 << 40 else f" ({n:,})"))
     elif nlist > t:
         raise InputError(f"--nlist {nlist} needs at least {nlist} training vectors, got {t}")
     if exact is not None:
@@ -480,8 +481,7 @@ def read_index(path: str | Path, mmap: bool = False) -> faiss.Index:
     instead of reading them into RAM (slower first queries, far less memory).
     """
     path = Path(path)
-    if not path.is_file():
-        raise InputError("no such file", path)
+    require_file(path)
     flags = (faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY) if mmap else 0
     try:
         return faiss.read_index(str(path), flags)

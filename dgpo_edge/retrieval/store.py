@@ -41,7 +41,7 @@ import zstandard
 
 from .. import __version__
 from ..errors import InputError
-from ..jsonio import make_readable
+from ..jsonio import make_readable, require_file
 from ..protocol import Passage
 
 FORMAT = "dgpo-edge/passage-store/1"
@@ -395,8 +395,7 @@ def _check_sqlite_file(path: Path) -> None:
     it with the file size catches truncation in O(1) (a full integrity check
     would read gigabytes on every open).
     """
-    if not path.is_file():
-        raise InputError("no such file", path)
+    require_file(path)
     with open(path, "rb") as f:
         header = f.read(100)
     if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
