@@ -16,3 +16,12 @@ def shared_dir() -> Path:
     if not SHARED_DIR.is_dir():
         pytest.skip(f"needs the shared data folder {SHARED_DIR} (absent)")
     return SHARED_DIR
+
+
+@pytest.fixture(scope="session")
+def qwen_dir(shared_dir: Path) -> Path:
+    """The real Qwen2 tokenizer folder in ../shared, or skip."""
+    d = shared_dir / "data" / "tokenizers" / "qwen2"
+    if not (d / "tokenizer_config.json").is_file() or not (d / "tokenizer.json").is_file():
+        pytest.skip(f"needs the Qwen tokenizer in {d} (absent)")
+    return d

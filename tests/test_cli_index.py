@@ -21,15 +21,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from dgpo_edge.cli.main import app
+
+from cli_helpers import _ANSI, assert_one_line_error, invoke
 
 pytest.importorskip("faiss")
-
-# Wide and colourless, so rich neither wraps nor colours what the assertions read.
-runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb", "FORCE_COLOR": None})
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 WIKI = "data/corpus/wiki18_sample_1000.jsonl"
 WIKI_FLAT = "data/corpus/wiki18_sample_1000.e5_flat.index"
@@ -40,25 +36,6 @@ SHARK = "what did the fermented shark taste like"  # -> iceland.md#1, titled "ic
 SHARK_ID, SHARK_TITLE = "iceland.md#1", "iceland — Food"
 
 
-def invoke(*args: object):
-    result = runner.invoke(app, [str(a) for a in args])
-    result.plain = _ANSI.sub("", result.output)  # type: ignore[attr-defined]
-    # rich wraps long lines at the console width; `flat` undoes that for substring checks.
-    result.flat = " ".join(result.plain.split())  # type: ignore[attr-defined]
-    return result
-
-
-def assert_one_line_error(result, *needles: str) -> str:
-    """Bad input: exit status 2 and one `error: ...` line naming the problem; no traceback."""
-    assert result.exit_code == 2, result.output
-    assert isinstance(result.exception, SystemExit)
-    assert "Traceback" not in result.plain
-    lines = [line for line in result.plain.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.plain
-    assert result.stdout == "", result.stdout  # the line is on stderr; no progress leftovers on stdout
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def info_rows(result) -> dict[str, str]:

@@ -15,13 +15,6 @@ from dgpo_edge.transcript import Segment, TokenizedTranscript, Transcript, encod
 # ------------------------------------------------------------------ fixtures
 
 
-@pytest.fixture(scope="session")
-def qwen_dir(shared_dir: Path) -> Path:
-    d = shared_dir / "data" / "tokenizers" / "qwen2"
-    if not (d / "tokenizer_config.json").is_file() or not (d / "tokenizer.json").is_file():
-        pytest.skip(f"needs the Qwen tokenizer in {d} (absent)")
-    return d
-
 
 @pytest.fixture(scope="session")
 def fast_tokenizer(qwen_dir: Path):
