@@ -7,6 +7,7 @@ renamed into place, so a crash never leaves a half-written file behind.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -72,6 +73,17 @@ def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             n += 1
     return n
+
+
+def file_digest(path: str | Path, block: int = 8 << 20) -> dict[str, Any]:
+    """{"bytes", "sha256"} of a file, hashed in 8 MiB blocks (stores can be gigabytes)."""
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+            n += len(chunk)
+    return {"bytes": n, "sha256": h.hexdigest()}
 
 
 def require_file(path: str | Path) -> Path:

@@ -62,7 +62,6 @@ the partial folder, and DIR itself when this call created it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 import shutil
@@ -78,7 +77,7 @@ import numpy as np
 
 from .. import __version__, jsonio
 from ..errors import InputError
-from ..jsonio import require_file
+from ..jsonio import file_digest, require_file
 from .base import EncoderSpec
 from .corpus import count_lines, iter_jsonl_corpus
 from .store import PassageStore
@@ -215,17 +214,6 @@ def default_encoder(dim: int) -> EncoderSpec:
 
 
 # --- manifest --------------------------------------------------------------------------------
-
-def file_digest(path: str | Path, block: int = 8 << 20) -> dict[str, Any]:
-    """{"bytes", "sha256"} of a file, hashed in 8 MiB blocks (stores can be gigabytes)."""
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-            n += len(chunk)
-    return {"bytes": n, "sha256": h.hexdigest()}
-
 
 def write_manifest(out_dir: str | Path, *, files: Iterable[str], **fields: Any) -> dict[str, Any]:
     """Write `out_dir/manifest.json` atomically and return it.

