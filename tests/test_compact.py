@@ -93,23 +93,24 @@ def test_plan_is_the_build_plan(n, dim):
             p = plan_ivfpq(n, dim, **kw)
             assert p == dense.plan_index("ivfpq", dim, n, **kw)
             assert p.factory == dense.factory_string("ivfpq", dim, n, **kw)
-            assert p.code_bytes == (pq or dense.default_code_bytes(dim))  # bytes per vector, any bits
+            assert p.code_bytes == (pq or dense.default_code_bytes(dim, opq))  # bytes per vector, any bits
 
 
 def test_plan_for_wiki18_and_small_corpora():
     p = plan_ivfpq(WIKI_N, 768, pq=64)
-    assert (p.factory, p.nlist, p.train_points, p.pq_bits) == ("IVF16384,PQ64", 16384, 64 * 16384, 8)
-    assert p.code_bytes == 64 and plan_ivfpq(WIKI_N, 768) == p  # 64 B is e5's default
+    assert (p.factory, p.nlist, p.train_points, p.pq_bits) == ("OPQ64_256,IVF16384,PQ64", 16384, 64 * 16384, 8)
+    assert p.code_bytes == 64 and plan_ivfpq(WIKI_N, 768) == p  # 64 B with OPQ is e5's default
+    assert plan_ivfpq(WIKI_N, 768, opq=False).factory == "IVF16384,PQ64"
     p = plan_ivfpq(WIKI_N, 768, pq=48)
     assert p.code_bytes == 48 and 768 * 4 / p.code_bytes == 64  # 3,072 B fp32 -> 48 B of codes
     assert plan_ivfpq(WIKI_N, 768, pq=64, opq=True).factory == "OPQ64_256,IVF16384,PQ64"
     assert plan_ivfpq(WIKI_N, 768, pq=192, opq=True).factory == "OPQ192_768,IVF16384,PQ192"
     # under 9,984 rows: fewer bits (at least 4), more sub-quantizers, the same 48 B
-    p = plan_ivfpq(1000, 768, pq=48)
+    p = plan_ivfpq(1000, 768, pq=48)  # 1,000 < 8*768 training vectors: no OPQ by default
     assert (p.factory, p.code_bytes, p.train_points, p.nprobe) == ("IVF16,PQ96x4", 48, 1000, 8)
     assert plan_ivfpq(300, 768, pq=48).factory == "IVF4,PQ96x4"
-    assert plan_ivfpq(3000, 64, pq=16).factory == "IVF64,PQ16x6"  # 16*8/6 -> 16 (divides 64): 12 B
-    assert plan_ivfpq(20_000, 768, pq=64).factory == "IVF512,PQ64"  # 8-bit from 9,984 rows
+    assert plan_ivfpq(3000, 64, pq=16, opq=False).factory == "IVF64,PQ16x6"  # 16*8/6 -> 16 (divides 64): 12 B
+    assert plan_ivfpq(20_000, 768, pq=64).factory == "OPQ64_256,IVF512,PQ64"  # 8-bit from 9,984 rows
     explicit = plan_ivfpq(WIKI_N, 768, pq=64, nlist=65536)
     assert explicit.train_points == 64 * 65536  # an explicit nlist gets its 64 points per list
     small = plan_ivfpq(WIKI_N, 768, pq=64, train_size=5000)  # bits and nlist follow the sample
@@ -246,7 +247,7 @@ def test_synthetic_opq_bundle(synthetic, tmp_path):
     index = faiss.read_index(str(out / "vectors.faiss"))
     assert index.ntotal == 3000 and index.d == 64
     # a second run into the same folder replaces the bundle and leaves no partial folder
-    compact(flat, jsonl, out, pq=8, nprobe=8, eval_queries=0)
+    compact(flat, jsonl, out, pq=8, opq=False, nprobe=8, eval_queries=0)
     m2 = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert (m2["params"]["factory"], m2["params"]["nprobe"]) == ("IVF64,PQ8x6", 8)
     assert m2["report"]["recall"] is None
@@ -306,7 +307,7 @@ def test_pq_must_divide_dim(synthetic, tmp_path):
     out = tmp_path / "out"
     with pytest.raises(InputError, match=r"flat\.index: --pq 10 does not divide the vector dimension 64; "
                                          r"valid values: 1, 2, 4, 8, 16, 32, 64"):
-        compact(flat, jsonl, out, pq=10)
+        compact(flat, jsonl, out, pq=10, opq=False)
     with pytest.raises(InputError, match="encoder 'e5-base-v2' has dim 768"):
         compact(flat, jsonl, out, pq=16, encoder=EncoderSpec("e5-base-v2", "x", 768, True))
     with pytest.raises(InputError, match="--nprobe 65 is out of range: 1..64"):

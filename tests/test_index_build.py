@@ -228,41 +228,46 @@ def ids(results: list[list[Passage]]) -> list[list[str]]:
 # --------------------------------------------------------------------------- sizing rules
 
 # The one planning rule that `index build` and `index compact` share (dense.plan_index; compact's
-# side is checked in test_compact.py): (n, dim) -> factory, training points, nprobe, OPQ factory.
-# Below 9,984 training points PQ drops to fewer bits (never under 4) and M grows, so the code size
-# stays at the default (48 B for 384-d, 64 B for 768-d); OPQ projects to D = 4M.
+# side is checked in test_compact.py): (n, dim) -> default factory, training points, nprobe, and the
+# factory with OPQ forced the other way (None: OPQ refused). OPQ is on by default from 8*d training
+# vectors; the code size is one byte per 8 dims (per 12 with OPQ), at most 64, kept at fewer bits
+# (below 9,984 training points PQ drops to fewer bits, never under 4, and M grows); OPQ projects to
+# D = 4M.
 WIKI_N = 21_015_324
 SHARED_PLANS = {
     (300, 384): ("IVF4,PQ96x4", 300, 4, None),  # OPQ refused: fewer passages than dimensions
     (300, 768): ("IVF4,PQ128x4", 300, 4, None),
-    (1000, 384): ("IVF16,PQ96x4", 1000, 8, "OPQ96_384,IVF16,PQ96x4"),
+    (1000, 384): ("IVF16,PQ96x4", 1000, 8, "OPQ64_256,IVF16,PQ64x4"),  # 1,000 < 8*384: OPQ off by default
     (1000, 768): ("IVF16,PQ128x4", 1000, 8, "OPQ128_512,IVF16,PQ128x4"),
-    (9984, 384): ("IVF256,PQ48", 9984, 16, "OPQ48_192,IVF256,PQ48"),
-    (9984, 768): ("IVF256,PQ64", 9984, 16, "OPQ64_256,IVF256,PQ64"),
-    (10**6, 384): ("IVF4096,PQ48", 64 * 4096, 128, "OPQ48_192,IVF4096,PQ48"),
-    (10**6, 768): ("IVF4096,PQ64", 64 * 4096, 128, "OPQ64_256,IVF4096,PQ64"),
-    (WIKI_N, 384): ("IVF16384,PQ48", 64 * 16384, 128, "OPQ48_192,IVF16384,PQ48"),
-    (WIKI_N, 768): ("IVF16384,PQ64", 64 * 16384, 128, "OPQ64_256,IVF16384,PQ64"),
+    (9984, 384): ("OPQ32_128,IVF256,PQ32", 9984, 16, "IVF256,PQ48"),
+    (9984, 768): ("OPQ64_256,IVF256,PQ64", 9984, 16, "IVF256,PQ64"),
+    (10**6, 384): ("OPQ32_128,IVF4096,PQ32", 64 * 4096, 128, "IVF4096,PQ48"),
+    (10**6, 768): ("OPQ64_256,IVF4096,PQ64", 64 * 4096, 128, "IVF4096,PQ64"),
+    (WIKI_N, 384): ("OPQ32_128,IVF16384,PQ32", 64 * 16384, 128, "IVF16384,PQ48"),
+    (WIKI_N, 768): ("OPQ64_256,IVF16384,PQ64", 64 * 16384, 128, "IVF16384,PQ64"),
 }
 
 
 @pytest.mark.parametrize("n, dim", sorted(SHARED_PLANS))
 def test_shared_plan(n, dim):
-    factory, train, nprobe, opq_factory = SHARED_PLANS[n, dim]
+    factory, train, nprobe, other = SHARED_PLANS[n, dim]
     p = dense.plan_index("ivfpq", dim, n)
-    assert (p.factory, p.train_points, p.nprobe, p.opq, p.opq_dim) == (factory, train, nprobe, False, None)
-    assert p.code_bytes == dense.default_code_bytes(dim) == min(64, dim // 8)  # kept at fewer bits
-    assert p.pq * p.pq_bits == 8 * p.code_bytes and dim % p.pq == 0
-    assert p.factory == f"IVF{p.nlist},PQ{p.pq}" + ("" if p.pq_bits == 8 else f"x{p.pq_bits}")
+    auto = train >= dense.OPQ_AUTO_POINTS * dim
+    assert (p.factory, p.train_points, p.nprobe, p.opq) == (factory, train, nprobe, auto)
+    assert p.opq_dim == (min(4 * p.pq, dim) if auto else None)
+    assert p.code_bytes == dense.default_code_bytes(dim, auto) == min(64, dim // (12 if auto else 8))
+    assert p.pq * p.pq_bits == 8 * p.code_bytes
     assert dense.factory_string("ivfpq", dim, n) == factory
     assert dense.plan_index("hybrid", dim, n) == p
-    if opq_factory is None:
+    assert dense.plan_index("ivfpq", dim, n, opq=auto) == p  # forcing the default changes nothing
+    if other is None:
         with pytest.raises(InputError, match=f"--opq needs at least {dim} passages"):
             dense.plan_index("ivfpq", dim, n, opq=True)  # FAISS's OPQ training crashes below d points
     else:
-        q = dense.plan_index("ivfpq", dim, n, opq=True)
-        assert (q.factory, q.opq, q.opq_dim) == (opq_factory, True, min(4 * q.pq, dim))
-        assert (q.nlist, q.pq, q.pq_bits, q.train_points) == (p.nlist, p.pq, p.pq_bits, p.train_points)
+        q = dense.plan_index("ivfpq", dim, n, opq=not auto)
+        assert (q.factory, q.opq, q.nlist, q.train_points) == (other, not auto, p.nlist, p.train_points)
+        if not q.opq:
+            assert dim % q.pq == 0 and q.factory == f"IVF{q.nlist},PQ{q.pq}"
 
 
 def test_plan_rules():
@@ -276,8 +281,9 @@ def test_plan_rules():
     assert dense.default_pq_bits(9_984) == 8
     assert dense.plan_index("ivfpq", 384, 77).factory == "Flat"  # too few to train IVF-PQ
     assert dense.plan_index("ivfpq", 384, 78).factory == "IVF2,PQ96x4"
-    assert dense.plan_index("ivfpq", 768, 9_983).factory == "IVF128,PQ64x7"  # M <= 64*8/7 dividing 768: 56 B
-    assert dense.plan_index("ivfpq", 384, 10**6, pq="96x4").factory == "IVF4096,PQ96x4"  # exact MxB as given
+    assert dense.plan_index("ivfpq", 768, 9_983, opq=False).factory == "IVF128,PQ64x7"  # M <= 64*8/7 dividing 768: 56 B
+    assert dense.plan_index("ivfpq", 768, 9_983).factory == "OPQ73_292,IVF128,PQ73x7"  # OPQ: any M with 4M <= 768
+    assert dense.plan_index("ivfpq", 384, 10**6, pq="96x4", opq=False).factory == "IVF4096,PQ96x4"  # exact MxB
     assert dense.plan_index("ivfpq", 768, 1000, pq=48).factory == "IVF16,PQ96x4"  # 48 B of code
     assert dense.plan_index("ivfpq", 768, WIKI_N, pq=100, opq=True).factory == "OPQ100_400,IVF16384,PQ100"
     assert dense.factory_string("flat", 384, 10) == "Flat"
@@ -290,7 +296,8 @@ def test_plan_rules():
     with pytest.raises(InputError, match="--nlist 4096 needs at least 4096 training vectors"):
         dense.plan_index("ivfpq", 768, WIKI_N, nlist=4096, train_size=1000)
     with pytest.raises(InputError, match="does not divide the vector dimension 384"):
-        dense.plan_index("ivfpq", 384, 10**6, pq=50)
+        dense.plan_index("ivfpq", 384, 10**6, pq=50, opq=False)
+    assert dense.plan_index("ivfpq", 384, 10**6, pq=50).factory == "OPQ50_200,IVF4096,PQ50"  # valid under OPQ
     with pytest.raises(InputError, match="4\\*M <= 384 or divide 384"):
         dense.plan_index("ivfpq", 384, 10**6, pq=100, opq=True)
     with pytest.raises(InputError, match="opq"):
@@ -302,7 +309,7 @@ def test_plan_rules():
 def test_set_nprobe_sees_through_opq():
     x = np.random.default_rng(0).standard_normal((2000, 32)).astype(np.float32)
     plan = dense.plan_index("ivfpq", 32, len(x), opq=True, nprobe=3)
-    assert plan.factory == "OPQ6_24,IVF32,PQ6x5"  # 4 B of code: 5 bits from 2,000 points, M = 32/5
+    assert plan.factory == "OPQ3_12,IVF32,PQ3x5"  # 2 B of code (32/12): 5 bits from 2,000 points, M = 16/5
     index = dense.train_and_add([x[:1000], x[1000:]], plan, 32, train=x[dense.sample_rows(2000, 1000)])
     assert isinstance(index, faiss.IndexPreTransform) and index.ntotal == 2000
     assert dense.set_nprobe(index, None) == 3
@@ -585,5 +592,10 @@ def test_options_that_need_more_passages_fail_before_embedding(corpus, minilm, t
     with pytest.raises(InputError, match="--nlist 512"):
         build_index(corpus, tmp_path / "b", encoder_spec=counting, kind="ivfpq", nlist=512, chunk=CHUNK)
     with pytest.raises(InputError, match="--pq 50 does not divide"):  # known before the corpus is read
-        build_index(corpus, tmp_path / "c", encoder_spec=counting, kind="ivfpq", pq=50)
+        build_index(corpus, tmp_path / "c", encoder_spec=counting, kind="ivfpq", pq=50, opq=False)
     assert counting.calls == 0 and not (tmp_path / "c").exists()
+    # With OPQ left to the corpus size, M = 50 fits OPQ (4M <= 384) but this corpus is too small for
+    # OPQ: known once the passages are counted, still before any embedding.
+    with pytest.raises(InputError, match="--pq 50 does not divide"):
+        build_index(corpus, tmp_path / "d", encoder_spec=counting, kind="ivfpq", pq=50)
+    assert counting.calls == 0

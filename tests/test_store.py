@@ -403,3 +403,40 @@ def test_folder_corpus_builds_a_searchable_store(tmp_path: Path):
     top = store.bm25("ceviche", k=1)[0]
     assert (top.id, top.title, top.text) == ("peru.md#1", "peru — Food", "Ceviche is popular.")
     assert store.bm25("food", k=1)[0].id == "peru.md#1"  # titles are indexed too
+
+
+# ------------------------------------------------------------ implicit ids (format 2)
+
+def test_row_number_ids_are_not_stored_but_found(tmp_path: Path):
+    passages = [Passage(str(i), f'"T{i}"\nbody {i}') for i in range(5)]
+    passages += [Passage("007", '"padded"\nkept as written'), Passage("x", '"named"\nkept too')]
+    store = PassageStore.build(tmp_path / "s.sqlite", passages)
+    db = sqlite3.connect(tmp_path / "s.sqlite")
+    stored = [pid for (pid,) in db.execute("SELECT id FROM passages ORDER BY row")]
+    db.close()
+    assert stored == [None] * 5 + ["007", "x"]  # "0".."4" equal their rows: implicit
+    assert list(store.iter_passages()) == passages
+    assert store.get_by_id("3") == passages[3] and store.get_by_id("007") == passages[5]
+    for absent in ("5", "6", "7", "03", "-1", "99"):  # rows 5 and 6 have explicit ids
+        with pytest.raises(KeyError):
+            store.get_by_id(absent)
+    store.close()
+
+
+@pytest.mark.parametrize("ids", [["0", "1", "1"], ["2", "b", "2"], ["x", "1", "1"]])
+def test_explicit_id_equal_to_an_implicit_one_is_a_duplicate(tmp_path: Path, ids: list[str]):
+    passages = [Passage(pid, f'"t"\n{j}') for j, pid in enumerate(ids)]
+    with pytest.raises(InputError, match="duplicate passage id"):
+        PassageStore.build(tmp_path / "s.sqlite", passages)
+    assert not (tmp_path / "s.sqlite").exists()
+
+
+def test_a_format_1_store_is_refused_with_a_rebuild_hint(tmp_path: Path):
+    path = tmp_path / "old.sqlite"
+    PassageStore.build(path, [Passage("a", '"t"\nx')]).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value = 'dgpo-edge/passage-store/1' WHERE key = 'format'")
+    db.commit()
+    db.close()
+    with pytest.raises(InputError, match="rebuild it"):
+        PassageStore(path)

@@ -88,7 +88,7 @@ Progress = Callable[[str, int, "int | None"], None]
 
 def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder = "minilm-int8",
                 kind: str = "ivfpq", nlist: int | None = None, pq: int | str | None = None,
-                opq: bool = False, nprobe: int | None = None, chunk: int = 1024,
+                opq: bool | None = None, nprobe: int | None = None, chunk: int = 1024,
                 threads: int | None = None, progress: Progress | None = None, *,
                 overwrite: bool = False, bm25: bool = True, batch_size: int = 32) -> dict[str, Any]:
     """Build an index of `corpus` in `out`; return the manifest (see the module docstring).

@@ -186,7 +186,7 @@ def valid_pq(dim: int, opq: bool = False) -> list[int]:
     return _dense().valid_pq(dim, opq)
 
 
-def plan_ivfpq(count: int, dim: int, pq: int | None = None, opq: bool = False, nlist: int | None = None,
+def plan_ivfpq(count: int, dim: int, pq: int | None = None, opq: bool | None = None, nlist: int | None = None,
                train_size: int | None = None, where: str | Path | None = None) -> Any:
     """`dense.plan_index` for compacting `count` vectors: a `dense.IndexPlan`, never Flat.
 
@@ -234,7 +234,7 @@ def write_manifest(out_dir: str | Path, *, files: Iterable[str], **fields: Any) 
 # --- the engine ------------------------------------------------------------------------------
 
 def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path, pq: int | None = None,
-            opq: bool = False, nlist: int | None = None, nprobe: int | None = None,
+            opq: bool | None = None, nlist: int | None = None, nprobe: int | None = None,
             train_size: int | None = None, chunk: int = 100_000, eval_queries: int = 500,
             k_values: Sequence[int] = (1, 3, 10), encoder: EncoderSpec | None = None, seed: int = 0,
             progress: Callable[[int], None] | None = None, *, query_noise: float = QUERY_NOISE,

@@ -2,11 +2,16 @@
 
 Layout (DESIGN §3; stdlib sqlite3 + zstandard only):
 
-- `passages(row INTEGER PRIMARY KEY, id TEXT UNIQUE, title TEXT, text BLOB)`.
-  `row` counts from 0 in input order, so FAISS row i is store row i. `title` is
-  the raw first line of `contents` (quotes kept) and `text` the zstd frame of
-  everything after the first newline, NULL when `contents` has no newline; so
-  `title + "\\n" + text` gives back `contents` byte for byte.
+- `passages(row INTEGER PRIMARY KEY, id TEXT, body BLOB)`, with a unique
+  index on the ids that are stored. `row` counts from 0 in input order, so
+  FAISS row i is store row i. `body` is one zstd frame of the whole `contents`
+  (title line included: titles repeat, and inside the frame the dictionary
+  compresses them to a few bytes), in zstd's magicless format (4 bytes a
+  passage saved; the format is recorded in `meta`). `id` is NULL when it is
+  the row number written in decimal, as in Search-R1's corpora ("0", "1", ...):
+  the id column and its index were 13% of the store on FactbookQA. An explicit
+  id that reads as another row's number while that row's id is implicit is a
+  duplicate, refused at build time like any other.
 - `meta(key, value)`: format, compression (`zstd+dict` or `zstd`), level,
   the dictionary bytes, passage count, what built it.
 - `passages_fts`: a contentless FTS5 table (`content=''`, columns `body, title`,
@@ -44,7 +49,7 @@ from ..errors import InputError
 from ..jsonio import make_readable, require_file
 from ..protocol import Passage
 
-FORMAT = "dgpo-edge/passage-store/1"
+FORMAT = "dgpo-edge/passage-store/2"
 _FTS_TOKENIZER = "unicode61 remove_diacritics 2"
 _QUERY_WORD = re.compile(r"[^\W_]+")  # what unicode61 keeps as token characters
 _IN_BATCH = 500  # placeholders per `row IN (...)`, under every SQLite's limit
@@ -109,7 +114,9 @@ class PassageStore:
             raise InputError(f"not a readable passage store ({e})", self.path) from None
         if meta.get("format") != FORMAT:
             self._db.close()
-            raise InputError(f"not a passage store (format {meta.get('format')!r}, expected {FORMAT!r})",
+            old = str(meta.get("format", "")).startswith("dgpo-edge/passage-store/")
+            hint = "; rebuild it with this version" if old else ""
+            raise InputError(f"not a passage store (format {meta.get('format')!r}, expected {FORMAT!r}){hint}",
                              self.path)
         self.meta = {k: v for k, v in meta.items() if k != "dictionary"}
         try:
@@ -152,7 +159,10 @@ class PassageStore:
 
     def get_by_id(self, pid: str) -> Passage:
         """Passage with id `pid`; KeyError when absent."""
-        found = self._query("SELECT row, id, title, text FROM passages WHERE id = ?", (str(pid),))
+        pid = str(pid)
+        found = self._query("SELECT row, id, body FROM passages WHERE id = ?", (pid,))
+        if not found and _is_row_number(pid) and int(pid) < self._count:
+            found = self._query("SELECT row, id, body FROM passages WHERE row = ? AND id IS NULL", (int(pid),))
         if not found:
             raise KeyError(pid)
         return self._passage(found[0])
@@ -170,7 +180,7 @@ class PassageStore:
         for start in range(0, len(wanted), _IN_BATCH):
             part = sorted(set(wanted[start:start + _IN_BATCH]) - found.keys())
             if part:
-                sql = f"SELECT row, id, title, text FROM passages WHERE row IN ({','.join('?' * len(part))})"
+                sql = f"SELECT row, id, body FROM passages WHERE row IN ({','.join('?' * len(part))})"
                 found.update((r[0], r) for r in self._query(sql, part))
         out = []
         for i, r in enumerate(wanted):
@@ -213,52 +223,53 @@ class PassageStore:
                 raise InputError(f"corrupt passage store ({e})", self.path) from None
 
     def _passage(self, record: tuple, score: float | None = None) -> Passage:
-        row, pid, title, blob = record
+        row, pid, blob = record
         with self._lock:
             try:
-                text = self._codec.decompress(blob)
-            except zstandard.ZstdError as e:
+                contents = self._codec.decompress(blob)
+            except (zstandard.ZstdError, UnicodeDecodeError) as e:
                 raise InputError(f"corrupt passage text at row {row} ({e})", self.path) from None
-        return Passage(pid, title if text is None else f"{title}\n{text}", score)
+        return Passage(str(row) if pid is None else pid, contents, score)
 
 
 # --- compression ------------------------------------------------------------------------
 
 class _Codec:
-    """zstd for passage text, with or without a trained dictionary.
+    """zstd for passage contents, with or without a trained dictionary.
 
-    Frames omit the dictionary id and checksum (4 bytes each, per passage):
-    the one dictionary lives in `meta`.
+    Frames are magicless and omit the dictionary id and checksum (4 bytes
+    each, per passage): the one dictionary and the format live in `meta`.
     """
 
     def __init__(self, level: int, dictionary: bytes | None):
         kwargs = {}
         if dictionary is not None:
             kwargs["dict_data"] = zstandard.ZstdCompressionDict(dictionary)
-        self._c = zstandard.ZstdCompressor(level=level, write_dict_id=False, write_checksum=False,
-                                           write_content_size=True, **kwargs)
-        self._d = zstandard.ZstdDecompressor(**kwargs)
+        params = zstandard.ZstdCompressionParameters.from_level(
+            level, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_dict_id=False, write_checksum=False,
+            write_content_size=True)
+        self._c = zstandard.ZstdCompressor(compression_params=params, **kwargs)
+        self._d = zstandard.ZstdDecompressor(format=zstandard.FORMAT_ZSTD1_MAGICLESS, **kwargs)
 
-    def compress(self, text: str | None) -> bytes | None:
-        return None if text is None else self._c.compress(text.encode("utf-8"))
+    def compress(self, contents: str) -> bytes:
+        return self._c.compress(contents.encode("utf-8"))
 
-    def decompress(self, blob: bytes | None) -> str | None:
-        return None if blob is None else self._d.decompress(blob).decode("utf-8")
+    def decompress(self, blob: bytes) -> str:
+        return self._d.decompress(blob).decode("utf-8")
 
 
-def _split(contents: str) -> tuple[str, str | None]:
-    """(raw first line, rest or None when there is no newline)."""
-    title, sep, text = contents.partition("\n")
-    return title, (text if sep else None)
+def _is_row_number(pid: str) -> bool:
+    """Whether `pid` is a row number as `str(row)` writes it ("0", "17"; not "007" or "+1")."""
+    return pid.isascii() and pid.isdigit() and (pid == "0" or pid[0] != "0")
 
 
 def _train(sample: list[Passage], level: int, dict_size: int) -> bytes | None:
-    """A dictionary for the sample's texts, or None when zstd cannot train one.
+    """A dictionary for the sample's contents, or None when zstd cannot train one.
 
     Capped at 1/20 of the sample: zstd wants ~100x more sample than dictionary,
     and on small corpora a large dictionary mostly memorises (and costs) bytes.
     """
-    texts = [t.encode("utf-8") for p in sample if (t := _split(p.contents)[1])]
+    texts = [c.encode("utf-8") for p in sample if (c := p.contents)]
     size = min(dict_size, sum(map(len, texts)) // 20)
     if size < 1024:
         return None
@@ -325,7 +336,8 @@ def _create_schema(db: sqlite3.Connection, fts: bool) -> None:
     db.execute("PRAGMA synchronous = OFF")
     db.execute("PRAGMA cache_size = -65536")
     db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value)")
-    db.execute("CREATE TABLE passages (row INTEGER PRIMARY KEY, id TEXT UNIQUE, title TEXT, text BLOB)")
+    db.execute("CREATE TABLE passages (row INTEGER PRIMARY KEY, id TEXT, body BLOB)")
+    db.execute("CREATE UNIQUE INDEX passages_id ON passages(id) WHERE id IS NOT NULL")
     if fts:
         db.execute("CREATE VIRTUAL TABLE passages_fts USING fts5(body, title, content='', "
                    f"tokenize='{_FTS_TOKENIZER}')")
@@ -336,10 +348,10 @@ def _insert_all(db: sqlite3.Connection, codec: _Codec, passages: Iterator[Passag
     """Insert every passage in `batch`-sized executemany calls; returns the count."""
     row = 0
     while chunk := list(islice(passages, batch)):
-        records = [(row + i, str(p.id), *_split(p.contents)) for i, p in enumerate(chunk)]
+        records = [(row + i, _stored_id(row + i, p.id), codec.compress(p.contents))
+                   for i, p in enumerate(chunk)]
         try:
-            db.executemany("INSERT INTO passages VALUES (?, ?, ?, ?)",
-                           [(r, pid, title, codec.compress(text)) for r, pid, title, text in records])
+            db.executemany("INSERT INTO passages VALUES (?, ?, ?)", records)
         except sqlite3.IntegrityError:
             raise _duplicate_error(db, records) from None
         if fts:
@@ -348,7 +360,24 @@ def _insert_all(db: sqlite3.Connection, codec: _Codec, passages: Iterator[Passag
         row += len(chunk)
         if progress is not None:
             progress(len(chunk))
+    _check_implicit_ids(db, row)
     return row
+
+
+def _stored_id(row: int, pid: object) -> str | None:
+    """NULL for the id every row has implicitly (its own number), else the id as text."""
+    pid = str(pid)
+    return None if pid == str(row) else pid
+
+
+def _check_implicit_ids(db: sqlite3.Connection, count: int) -> None:
+    """Refuse an explicit id equal to another row's implicit one (its number)."""
+    rows = db.execute("SELECT row, id FROM passages WHERE id IS NOT NULL AND id GLOB '[0-9]*'")
+    for row, pid in rows:
+        if _is_row_number(pid) and int(pid) < count:
+            other = db.execute("SELECT id FROM passages WHERE row = ?", (int(pid),)).fetchone()
+            if other is not None and other[0] is None:
+                raise InputError(f"duplicate passage id {pid!r} (passages {pid} and {row})")
 
 
 def _duplicate_error(db: sqlite3.Connection, records: list[tuple]) -> InputError:
@@ -357,7 +386,7 @@ def _duplicate_error(db: sqlite3.Connection, records: list[tuple]) -> InputError
     executemany stops at the failing row, so every earlier record of the batch
     is stored under its own row and the failing one finds its id elsewhere.
     """
-    for row, pid, *_ in records:
+    for row, pid, _ in records:
         other = db.execute("SELECT row FROM passages WHERE id = ?", (pid,)).fetchone()
         if other is not None and other[0] != row:
             return InputError(f"duplicate passage id {pid!r} (passages {other[0]} and {row})")
