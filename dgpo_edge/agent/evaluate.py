@@ -1,0 +1,310 @@
+"""Batch evaluation of an Agent: predictions appended as they come (resumable), then a report.
+
+The engine behind `dgpo-edge eval` (and `bench/edge.py`). For each question of
+each dataset file (any format `datasets.read_qa` knows), the agent runs greedy
+and one JSON line is appended to `OUT/predictions.jsonl` (flushed and fsynced):
+the prediction, EM / F1 / cover-EM, the ARC facts of the episode (searches,
+hit, turns, invalid turns, answered), the stop reason, timings and the search
+queries. A rerun with the same `OUT` skips the questions already there (key:
+dataset + id), so an interrupted evaluation continues where it stopped;
+`OUT/run.json` records the settings and a rerun with other settings is refused.
+
+With `arc=True`, questions that carry gold evidence passage ids (FactbookQA's
+`evidence`) also run the evidence-given modes of the DGPO paper: the gold
+passages handed to the model, answer directly (source referencing) and answer
+after a think step (thinking); `source_ref_em` and `thinking_em` per question.
+
+The report (`report.json`, `report.md`): per dataset and on average (the
+papers' macro "Avg") EM, F1, cover-EM, and the ARC figures: hit ratio (query
+rewriting), search steps, invalid-action rate per generated turn, answered
+rate, plus the evidence-given EMs when run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import arc, metrics
+from ..datasets import QAExample, read_qa
+from ..errors import InputError
+from ..jsonio import write_json, write_text
+from ..protocol import Passage
+from .agent import Agent
+
+PREDICTIONS = "predictions.jsonl"
+RUN = "run.json"
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+
+OnRecord = Callable[[dict[str, Any], int, int], None]   # (record, done, total)
+
+
+@dataclass
+class EvalSet:
+    """Questions to evaluate, in order, with where they came from."""
+
+    examples: list[QAExample]
+    files: list[str] = field(default_factory=list)
+
+
+def load_questions(files: Sequence[str | Path], limit: int | None = None, fmt: str = "auto") -> EvalSet:
+    """Read every file (`limit` questions from each), refusing duplicate (source, id) keys."""
+    if not files:
+        raise InputError("give at least one --data file")
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be >= 1, got {limit}")
+    out: list[QAExample] = []
+    seen: set[str] = set()
+    for f in files:
+        for ex in read_qa(f, format=fmt, limit=limit):
+            k = key(ex)
+            if k in seen:
+                raise InputError(f"duplicate question key {k!r} (dataset/id); evaluate the file once", f)
+            seen.add(k)
+            out.append(ex)
+    return EvalSet(out, [str(f) for f in files])
+
+
+def key(ex: QAExample) -> str:
+    return f"{ex.source}/{ex.id}"
+
+
+def _done_records(path: Path) -> dict[str, dict[str, Any]]:
+    """Records already in predictions.jsonl; a torn last line (crash mid-write) is dropped."""
+    if not path.is_file():
+        return {}
+    done: dict[str, dict[str, Any]] = {}
+    raw = path.read_bytes()
+    good = 0
+    for line in raw.splitlines(keepends=True):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            break
+        if not line.endswith(b"\n") or not isinstance(rec, dict) or "key" not in rec:
+            break
+        done[rec["key"]] = rec
+        good += len(line)
+    if good != len(raw):  # cut the torn tail so appends start on a clean line
+        with open(path, "r+b") as f:
+            f.truncate(good)
+    return done
+
+
+def _check_run(out: Path, settings: dict[str, Any], overwrite: bool) -> None:
+    run = out / RUN
+    if overwrite:
+        for name in (PREDICTIONS, RUN, REPORT_JSON, REPORT_MD):
+            (out / name).unlink(missing_ok=True)
+    elif run.is_file():
+        try:
+            old = json.loads(run.read_text(encoding="utf-8"))
+        except ValueError:
+            old = None
+        if old != settings:
+            raise InputError("holds predictions made with other settings; pass --overwrite to start over, or "
+                             "another --out", out)
+    elif (out / PREDICTIONS).is_file():
+        raise InputError(f"holds {PREDICTIONS} without {RUN}; pass --overwrite to start over", out)
+    write_json(run, settings)
+
+
+def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool = False,
+             settings: dict[str, Any] | None = None, overwrite: bool = False,
+             on_record: OnRecord | None = None,
+             on_start: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Evaluate `agent` on `questions`, writing into `out`; returns the report (also written).
+
+    `settings`: what identifies the predictions (model, index...); with the
+    agent's protocol limits and `run_arc` they go to run.json, and a rerun
+    into the same `out` must match them. Which files and how many questions
+    do not count: a rerun with a larger `--limit` or one more file extends
+    the same predictions. `on_start(done, total)` is called once the output
+    folder is checked, `on_record(record, done, total)` after each question.
+    """
+    from ..engines.base import GREEDY
+
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise InputError("the output path exists and is not a folder", out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {**(settings or {}), "arc": run_arc, "top_k": agent.config.top_k,
+                "max_turns": agent.config.max_searches, "max_turn_tokens": agent.config.max_turn_tokens,
+                "max_obs_tokens": agent.config.max_obs_tokens, "max_total_tokens": agent.config.max_total_tokens}
+    _check_run(out, settings, overwrite)
+    pred_path = out / PREDICTIONS
+    done = _done_records(pred_path)
+    agent.sampling = GREEDY
+    store = passage_store(agent.retriever) if run_arc else None
+    total = len(questions.examples)
+    n_done = sum(1 for ex in questions.examples if key(ex) in done)
+    if on_start is not None:   # the checks passed: a caller may start its progress display now
+        on_start(n_done, total)
+    with open(pred_path, "a", encoding="utf-8") as f:
+        for ex in questions.examples:
+            if key(ex) in done:
+                continue
+            rec = run_one(agent, ex, store)
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            done[rec["key"]] = rec
+            n_done += 1
+            if on_record is not None:
+                on_record(rec, n_done, total)
+    wanted = [done[key(ex)] for ex in questions.examples]
+    report = make_report(wanted, {**settings, "data": questions.files})
+    write_json(out / REPORT_JSON, report)
+    write_text(out / REPORT_MD, report_markdown(report))
+    return report
+
+
+def run_one(agent: Agent, ex: QAExample, store: Any = None) -> dict[str, Any]:
+    """One question through the agent (and the evidence modes when `store` is given)."""
+    t = time.perf_counter()
+    r = agent.answer(ex.question)
+    wall = time.perf_counter() - t
+    ep = arc.episode_arc(r.transcript, ex.answers)
+    rec: dict[str, Any] = {
+        "key": key(ex), "id": ex.id, "source": ex.source, "question": ex.question,
+        "golden_answers": list(ex.answers), "prediction": r.answer,
+        **metrics.score_prediction(r.answer, ex.answers),
+        "searches": ep.searches, "hit": float(ep.hit), "turns": ep.turns, "invalid_turns": ep.invalid_turns,
+        "answered": float(ep.answered), "stop_reason": r.stop_reason, "search_queries": r.searches,
+        "seconds": round(wall, 4), "prompt_tokens": r.timings.prompt_tokens, "new_tokens": r.timings.new_tokens,
+        "transcript_tokens": r.timings.transcript_tokens, "decode_s": round(r.timings.decode_s, 4),
+        "prompt_s": round(r.timings.prompt_s, 4), "retrieval_s": round(r.timings.retrieval_s, 4),
+    }
+    evidence = ex.meta.get("evidence") if isinstance(ex.meta, dict) else None
+    if store is not None and isinstance(evidence, list) and evidence:
+        passages = _evidence_passages(store, evidence)
+        if passages:
+            for think, name in ((False, "source_ref"), (True, "thinking")):
+                text = evidence_answer(agent, ex.question, passages, think)
+                s = arc.evidence_score(text, ex.answers, think)
+                rec[f"{name}_em"] = s["em"]
+                rec[f"{name}_format"] = s["followed_format"]
+    return rec
+
+
+def evidence_answer(agent: Agent, question: str, passages: Sequence[Passage], think: bool) -> str:
+    """Greedy generation for an evidence-given prompt (no search), up to `</answer>`."""
+    from ..engines.base import GREEDY
+
+    engine = agent.engine
+    message = arc.evidence_message(question, passages, think)
+    if engine.chat_template is not None:
+        prompt = engine.chat_template.apply_chat_template([{"role": "user", "content": message}],
+                                                          tokenize=False, add_generation_prompt=True)
+    else:
+        prompt = message
+    ids = engine.encode(prompt)
+    room = min(agent.config.max_turn_tokens, engine.n_ctx - len(ids))
+    if room <= 0:
+        return ""
+    return engine.generate(ids, room, GREEDY, stop=("</answer>",)).result.text
+
+
+def _evidence_passages(store: Any, ids: Sequence[Any]) -> list[Passage]:
+    out = []
+    for pid in ids:
+        try:
+            out.append(store.get_by_id(str(pid)))
+        except (KeyError, InputError):
+            continue
+    return out
+
+
+def passage_store(retriever: Any) -> Any:
+    """The PassageStore behind an in-process retriever (None for e.g. an HTTP one)."""
+    for r in (retriever, getattr(retriever, "dense", None), getattr(retriever, "bm25", None)):
+        store = getattr(r, "store", None)
+        if store is not None and hasattr(store, "get_by_id"):
+            return store
+    return None
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+_SCORE_COLS = ("em", "f1", "cover_em", "source_ref_em", "thinking_em")
+
+
+def make_report(records: Sequence[dict[str, Any]], settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Scores and ARC figures per dataset and averaged (macro over datasets) plus micro "all"."""
+    rows = [{"source": r["source"], **{c: r[c] for c in _SCORE_COLS if c in r}} for r in records]
+    table = metrics.MetricTable(rows).to_json() if rows else {"columns": [], "sources": {}, "average": {},
+                                                                  "all": {}}
+    by_src: dict[str, list[arc.EpisodeARC]] = {}
+    secs: dict[str, list[float]] = {}
+    for r in records:
+        by_src.setdefault(r["source"], []).append(arc.EpisodeARC(
+            searches=int(r["searches"]), hit=bool(r["hit"]), turns=int(r["turns"]),
+            invalid_turns=int(r["invalid_turns"]), answered=bool(r["answered"])))
+        secs.setdefault(r["source"], []).append(float(r.get("seconds", 0.0)))
+    arc_rows = {src: arc.summarize_arc(eps) for src, eps in sorted(by_src.items())}
+    keys = ("hit_ratio", "search_steps", "invalid_action_rate", "answered_rate")
+    arc_avg: dict[str, Any] = {"n": sum(v["n"] for v in arc_rows.values())}
+    for k in keys:
+        arc_avg[k] = sum(v[k] for v in arc_rows.values()) / len(arc_rows) if arc_rows else 0.0
+    all_eps = [e for eps in by_src.values() for e in eps]
+    all_s = sorted(s for v in secs.values() for s in v)
+    return {"n": len(records), "settings": settings or {}, "scores": table,
+            "arc": {"sources": arc_rows, "average": arc_avg, "all": arc.summarize_arc(all_eps)},
+            "seconds": {"p50": _pct(all_s, 50), "p95": _pct(all_s, 95),
+                        "mean": sum(all_s) / len(all_s) if all_s else 0.0},
+            "stop_reasons": _count(r.get("stop_reason", "?") for r in records)}
+
+
+def _pct(xs: Sequence[float], p: float) -> float:
+    if not xs:
+        return 0.0
+    i = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
+    return float(xs[i])
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Evaluation ({report['n']} questions)", ""]
+    if report["n"]:
+        lines += ["## Scores", "", _scores_md(report), "",
+                  "## ARC", "", _arc_md(report["arc"]), ""]
+        s = report["seconds"]
+        lines += [f"Seconds per question: p50 {s['p50']:.2f}, p95 {s['p95']:.2f}, mean {s['mean']:.2f}.", "",
+                  "Stop reasons: " + ", ".join(f"{k} {v}" for k, v in report["stop_reasons"].items()) + ".", ""]
+    if report.get("settings"):
+        lines += ["## Settings", "", "```json", json.dumps(report["settings"], indent=2), "```", ""]
+    return "\n".join(lines)
+
+
+def _scores_md(report: dict[str, Any]) -> str:
+    t = report["scores"]
+    cols = t["columns"]
+    header = ["dataset", "n", *cols]
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, row in [*t["sources"].items(), ("average", t["average"]), ("all", t["all"])]:
+        out.append("| " + " | ".join([name, str(row["n"])] + [_f(row.get(c)) for c in cols]) + " |")
+    return "\n".join(out)
+
+
+def _arc_md(a: dict[str, Any]) -> str:
+    keys = ("hit_ratio", "search_steps", "invalid_action_rate", "answered_rate")
+    out = ["| dataset | n | hit ratio | search steps | invalid-action rate | answered |", "|---|---|---|---|---|---|"]
+    for name, row in [*a["sources"].items(), ("average", a["average"]), ("all", a["all"])]:
+        out.append("| " + " | ".join([name, str(row["n"])] + [_f(row.get(k)) for k in keys]) + " |")
+    return "\n".join(out)
+
+
+def _f(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.3f}"

@@ -1,0 +1,418 @@
+"""Bundle layout, manifest, assembly and verification.
+
+A bundle is one folder that runs offline:
+
+```
+B/
+  manifest.json          what is here, with the sha256 and size of every file
+  model/                 a .gguf file, or an ONNX (genai_config.json) or transformers folder's files;
+                         a `*.parity.json` beside the source model is copied here too
+  index/                 an index folder as `dgpo-edge index build` writes it (manifest.json,
+                         store.sqlite, vectors.faiss)
+  encoder/               the query encoder of a dense MiniLM index: model.onnx (int8) + tokenizer.json;
+                         a transformers encoder folder for other dense indexes; absent for BM25
+  data/                  optional question files (the default bundle keeps FactbookQA dev and test)
+```
+
+`manifest.json`:
+
+| key | content |
+|---|---|
+| `format`, `format_version` | "dgpo-edge-bundle", 1 |
+| `created`, `produced_by`, `versions` | when, which dgpo-edge, and the versions of the libraries that wrote it |
+| `model` | `format` (gguf / onnx / transformers), `path` (relative), `source`, `chat_template` |
+| `parity` | the export's parity results (`*.parity.json` beside the model), or null |
+| `index` | `path`, `kind`, `count`, `encoder` (the index's EncoderSpec) |
+| `encoder` | `format` (minilm-int8-onnx / transformers), `path`, or null for BM25 |
+| `protocol` | `template` ("search-r1"), `prompt_template` (the instruction text), `top_k`, `max_turns` (Search-R1's max_turns: turns before the final, search-free one; `ProtocolConfig.max_searches`), `max_turn_tokens`, `max_obs_tokens`, `max_total_tokens`, `stop` |
+| `files` | {relative path: {bytes, sha256}} for every file but manifest.json |
+
+Loading a bundle checks sizes (cheap: catches truncation and partial copies);
+`verify(bundle)` reads every byte and compares hashes. Bundles are assembled in
+`B.partial/` and renamed into place, so a bundle folder with a manifest is
+always complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .. import __version__, protocol
+from ..errors import InputError
+from ..jsonio import file_digest, write_json
+from ..protocol import ProtocolConfig
+
+FORMAT = "dgpo-edge-bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PARITY_SUFFIX = ".parity.json"
+
+#: Distributions whose versions a manifest records when installed.
+VERSIONED = ("llama-cpp-python", "onnxruntime", "onnxruntime-genai", "faiss-cpu", "tokenizers",
+             "transformers", "torch", "numpy", "gguf")
+
+Progress = Callable[[str, int, "int | None"], None]
+
+
+def _no_progress(stage: str, done: int, total: int | None) -> None:
+    pass
+
+
+# --- the manifest ------------------------------------------------------------------------------------
+
+def versions() -> dict[str, str]:
+    out = {"dgpo-edge": __version__, "python": platform.python_version()}
+    for dist in VERSIONED:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[dist] = metadata.version(dist)
+    return out
+
+
+def protocol_settings(config: ProtocolConfig) -> dict[str, Any]:
+    return {"template": "search-r1", "prompt_template": protocol.PROMPT_TEMPLATE, "top_k": config.top_k,
+            "max_turns": config.max_searches, "max_turn_tokens": config.max_turn_tokens,
+            "max_obs_tokens": config.max_obs_tokens, "max_total_tokens": config.max_total_tokens,
+            "stop": list(protocol.STOP_STRINGS)}
+
+
+def protocol_config(settings: dict[str, Any] | None, top_k: int | None = None,
+                    max_turns: int | None = None) -> ProtocolConfig:
+    """The ProtocolConfig a manifest's `protocol` section describes, with overrides."""
+    s = settings or {}
+    d = ProtocolConfig()
+    try:
+        return ProtocolConfig(
+            top_k=int(top_k if top_k is not None else s.get("top_k", d.top_k)),
+            max_searches=int(max_turns if max_turns is not None else s.get("max_turns", d.max_searches)),
+            max_turn_tokens=int(s.get("max_turn_tokens", d.max_turn_tokens)),
+            max_obs_tokens=int(s.get("max_obs_tokens", d.max_obs_tokens)),
+            max_total_tokens=int(s.get("max_total_tokens", d.max_total_tokens)))
+    except (TypeError, ValueError) as e:
+        raise InputError(f"bad protocol settings: {e}") from None
+
+
+@dataclass
+class Bundle:
+    """A bundle folder and its manifest (sizes checked when opened with `open_bundle`)."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / self.manifest["model"]["path"]
+
+    @property
+    def index_path(self) -> Path:
+        return self.path / self.manifest["index"]["path"]
+
+    @property
+    def encoder_path(self) -> Path | None:
+        enc = self.manifest.get("encoder")
+        return None if not enc else self.path / enc["path"]
+
+    @property
+    def model_format(self) -> str:
+        return self.manifest["model"]["format"]
+
+    def protocol(self, top_k: int | None = None, max_turns: int | None = None) -> ProtocolConfig:
+        return protocol_config(self.manifest.get("protocol"), top_k, max_turns)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f["bytes"] for f in self.manifest["files"].values())
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """A bundle's manifest, checked for the fields loaders rely on (InputError otherwise)."""
+    d = Path(path).expanduser()
+    if d.is_file():
+        raise InputError("is a file, not a bundle folder", d)
+    if not d.is_dir():
+        raise InputError("no such bundle folder", d)
+    mpath = d / MANIFEST
+    if not mpath.is_file():
+        raise InputError("not a bundle: no manifest.json (make one with `dgpo-edge export bundle`)", d)
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"malformed bundle manifest ({e})", mpath) from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise InputError(f'not a bundle manifest (expected "format": "{FORMAT}")', mpath)
+    if m.get("format_version") != FORMAT_VERSION:
+        raise InputError(f"bundle format version {m.get('format_version')!r} is not supported "
+                         f"(this dgpo-edge reads {FORMAT_VERSION})", mpath)
+    for key in ("model", "index", "files"):
+        if not isinstance(m.get(key), dict):
+            raise InputError(f'malformed bundle manifest: "{key}" must be an object', mpath)
+    if not isinstance(m["model"].get("path"), str) or not isinstance(m["index"].get("path"), str):
+        raise InputError('malformed bundle manifest: "model" and "index" need a "path"', mpath)
+    for name, entry in m["files"].items():
+        if not _safe_relative(name):
+            raise InputError(f"malformed bundle manifest: {name!r} is not a path inside the bundle", mpath)
+        if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) \
+                or not isinstance(entry.get("sha256"), str):
+            raise InputError(f'malformed bundle manifest: files[{name!r}] needs "bytes" and "sha256"', mpath)
+    for part in (m["model"]["path"], m["index"]["path"]):
+        if not _safe_relative(part):
+            raise InputError(f"malformed bundle manifest: {part!r} is not a path inside the bundle", mpath)
+    return m
+
+
+def _safe_relative(name: str) -> bool:
+    p = Path(name)
+    return bool(name) and not p.is_absolute() and ".." not in p.parts and "\\" not in name
+
+
+def check_files(bundle: str | Path, full: bool = False, progress: Progress | None = None) -> Bundle:
+    """Open a bundle, checking that every listed file exists with its size (and sha256 if `full`).
+
+    InputError naming the first missing, truncated, changed or corrupt file.
+    """
+    d = Path(bundle).expanduser()
+    if full:  # sizes first: a missing or truncated file is reported before minutes of hashing
+        check_files(d, full=False)
+    m = read_manifest(d)
+    emit = progress or _no_progress
+    total = sum(f["bytes"] for f in m["files"].values())
+    done = 0
+    for name, entry in sorted(m["files"].items()):
+        path = d / name
+        if not path.is_file():
+            raise InputError("missing: the bundle manifest lists this file", path)
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            what = "truncated" if size < entry["bytes"] else "changed"
+            raise InputError(f"{what}: {size:,} bytes, the bundle manifest says {entry['bytes']:,}", path)
+        if full:
+            if file_digest(path)["sha256"] != entry["sha256"]:
+                raise InputError("changed: its sha256 does not match the bundle manifest", path)
+            done += size
+            emit("verify", done, total)
+    return Bundle(d, m)
+
+
+def open_bundle(bundle: str | Path) -> Bundle:
+    """A bundle with its sizes checked (cheap)."""
+    return check_files(bundle, full=False)
+
+
+def verify(bundle: str | Path, progress: Progress | None = None) -> Bundle:
+    """A bundle with every file's sha256 checked (reads every byte)."""
+    return check_files(bundle, full=True, progress=progress)
+
+
+# --- assembling a bundle ------------------------------------------------------------------------------
+
+def find_parity(model: Path) -> Path | None:
+    """A `*.parity.json` written by the exporter beside (or, for a folder, inside) the model."""
+    candidates = [model.with_name(model.name + PARITY_SUFFIX)]
+    if model.suffix:
+        candidates.append(model.with_name(model.stem + PARITY_SUFFIX))
+    if model.is_dir():
+        candidates += sorted(model.glob("*" + PARITY_SUFFIX))
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def place(src: Path, dst: Path) -> None:
+    """Put a copy of `src` at `dst`, atomically.
+
+    A copy, not a hard link: a link would share the bytes, so damage to the
+    bundle (or an edit in place) would also change the model or index it was
+    made from, and `verify` could not tell the two apart.
+    """
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    st = src.stat()
+    if dst.is_file() and (dst.stat().st_size, dst.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns):
+        return  # a resumed build placed it already
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    try:
+        shutil.copyfile(src, tmp)
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    os.replace(tmp, dst)
+
+
+def _tree_files(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.is_file() and not any(part.startswith(".")
+                                                                      for part in p.relative_to(d).parts))
+
+
+def add_model(model: str | Path, work: Path) -> dict[str, Any]:
+    """Place a model (GGUF file, ONNX or transformers folder) under work/model; its manifest entry."""
+    from ..engines import gguf_file, model_kind
+
+    src = Path(model).expanduser()
+    kind = model_kind(src)
+    dst = work / "model"
+    if kind == "gguf":
+        f = gguf_file(src)
+        place(f, dst / f.name)
+        entry = {"format": "gguf", "path": f"model/{f.name}", "source": f.name,
+                 "chat_template": gguf_chat_template(f)}
+    else:
+        for f in _tree_files(src):
+            place(f, dst / f.relative_to(src))
+        from ..engines.onnx_genai import template_from_folder
+
+        t = template_from_folder(src)
+        entry = {"format": kind, "path": "model", "source": src.name, "chat_template": t.source if t else None}
+    parity = find_parity(src if kind != "gguf" else gguf_file(src))
+    entry["parity_file"] = None
+    if parity is not None:
+        place(parity, dst / parity.name)
+        entry["parity_file"] = f"model/{parity.name}"
+    return entry
+
+
+def read_parity(work: Path, model_entry: dict[str, Any]) -> Any:
+    name = model_entry.get("parity_file")
+    if not name:
+        return None
+    try:
+        return json.loads((work / name).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"malformed parity file ({e})", work / name) from None
+
+
+def gguf_chat_template(path: Path) -> str | None:
+    """The chat template in a GGUF's metadata, read by llama.cpp with the vocabulary only."""
+    from ..engines.llama_cpp import import_llama_cpp
+
+    llama_cpp = import_llama_cpp()
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except (ValueError, RuntimeError) as e:
+        raise InputError(f"llama.cpp cannot read this GGUF model ({e})", path) from None
+    try:
+        return llm.metadata.get("tokenizer.chat_template")
+    finally:
+        llm.close()
+
+
+def add_index(index: str | Path, work: Path) -> dict[str, Any]:
+    """Place an index folder (sizes checked) under work/index; its manifest entry."""
+    from ..retrieval.build import verify_files
+    from ..retrieval.compact import MANIFEST_FILE
+
+    src = Path(index).expanduser()
+    m = verify_files(src, full=False)
+    for name in [*m["files"], MANIFEST_FILE]:
+        place(src / name, work / "index" / name)
+    return {"path": "index", "kind": m["kind"], "count": m["count"], "encoder": m.get("encoder"),
+            "params": m.get("params") or {}}
+
+
+def add_encoder(index_entry: dict[str, Any], work: Path, encoder: str | Path | None = None) -> dict[str, Any] | None:
+    """Place the query encoder a dense index needs under work/encoder; its manifest entry (None: BM25)."""
+    from ..retrieval.encoders import MINILM_NAME, minilm_dir, minilm_int8_path
+
+    spec = index_entry.get("encoder")
+    if not spec:
+        return None
+    dst = work / "encoder"
+    if encoder is None and spec.get("name") == MINILM_NAME:
+        place(minilm_int8_path(), dst / "model.onnx")
+        place(minilm_dir() / "tokenizer.json", dst / "tokenizer.json")
+        return {"format": "minilm-int8-onnx", "path": "encoder", "name": MINILM_NAME}
+    if encoder is None:
+        raise InputError(f"the index was built with encoder {spec.get('name')!r}; pass --encoder DIR with "
+                         f"that model's folder so the bundle can embed queries")
+    src = Path(encoder).expanduser()
+    if not src.is_dir():
+        raise InputError("the query encoder must be a model folder", src)
+    for f in _tree_files(src):
+        place(f, dst / f.relative_to(src))
+    return {"format": "transformers", "path": "encoder", "name": spec.get("name")}
+
+
+def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | None = None,
+           overwrite: bool = False) -> Bundle:
+    """Hash every file under `work`, write the manifest, and rename `work` onto `out`."""
+    emit = progress or _no_progress
+    files = [p for p in _tree_files(work) if p != work / MANIFEST]
+    total = sum(p.stat().st_size for p in files)
+    done = 0
+    listing = {}
+    for p in files:
+        listing[p.relative_to(work).as_posix()] = file_digest(p)
+        done += listing[p.relative_to(work).as_posix()]["bytes"]
+        emit("hash", done, total)
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "produced_by": f"dgpo-edge {__version__}", "versions": versions(), **fields,
+                "files": listing}
+    write_json(work / MANIFEST, manifest)
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if out.exists():
+        if not overwrite:
+            raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", out)
+        trash = out.with_name(f".{out.name}.old")
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(out, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(work, out)
+    return Bundle(out, manifest)
+
+
+def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: ProtocolConfig | None = None,
+                 encoder: str | Path | None = None, extra: dict[str, Path] | None = None,
+                 progress: Progress | None = None, overwrite: bool = False,
+                 source: dict[str, Any] | None = None) -> Bundle:
+    """Assemble a bundle in `out` from a model, an index folder and (for dense indexes) a query encoder.
+
+    `extra`: more files to carry, {relative path in the bundle: source file}
+    (e.g. {"data/dev.jsonl": ...}). Work happens in `out.partial/` (kept
+    after a crash and reused by a rerun); `out` appears only when complete.
+    """
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise InputError("the output path exists and is not a folder", out)
+    if (out / MANIFEST).exists() and not overwrite:
+        raise InputError("a bundle already exists here (manifest.json); pass --overwrite to replace it", out)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", out)
+    emit = progress or _no_progress
+    work = out.with_name(out.name + ".partial")
+    work.mkdir(parents=True, exist_ok=True)
+    emit("model", 0, 1)
+    model_entry = add_model(model, work)
+    emit("model", 1, 1)
+    emit("index", 0, 1)
+    index_entry = add_index(index, work)
+    enc_entry = add_encoder(index_entry, work, encoder)
+    emit("index", 1, 1)
+    for rel, src in (extra or {}).items():
+        if not _safe_relative(rel):
+            raise ValueError(f"{rel!r} is not a relative path")
+        place(Path(src), work / rel)
+    fields = {"model": model_entry, "parity": read_parity(work, model_entry), "index": index_entry,
+              "encoder": enc_entry, "protocol": protocol_settings(config or ProtocolConfig()),
+              "source": source or {"model": str(Path(model).expanduser().resolve()),
+                                   "index": str(Path(index).expanduser().resolve())}}
+    return finish(work, out, fields, emit, overwrite=overwrite)
+
+
+def describe_files(names: Iterable[str]) -> dict[str, int]:
+    """Files per top-level folder (model, index, encoder, data)."""
+    counts: dict[str, int] = {}
+    for n in names:
+        top = n.split("/", 1)[0]
+        counts[top] = counts.get(top, 0) + 1
+    return counts

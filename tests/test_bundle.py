@@ -1,0 +1,208 @@
+"""Bundles: assembly, manifest, cheap and full verification, the CLI, the default bundle, load_agent."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from bundle_helpers import build_tiny_index, smollm2_gguf, write_corpus
+from cli_helpers import assert_one_line_error, invoke
+
+from dgpo_edge.bundle import (ENV_CORPUS, build_bundle, default_bundle_dir, ensure_default_bundle, load_agent,
+                              open_bundle, verify)
+from dgpo_edge.bundle.core import MANIFEST, protocol_config
+from dgpo_edge.errors import InputError
+from dgpo_edge.protocol import PROMPT_TEMPLATE, ProtocolConfig
+
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}" \
+           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("idx")
+    return build_tiny_index(write_corpus(d / "corpus.jsonl"), d / "index")
+
+
+@pytest.fixture()
+def hf_model(tmp_path: Path) -> Path:
+    """A transformers-style folder (never loaded here): config, weights bytes, tokenizer config."""
+    d = tmp_path / "student"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    (d / "model.safetensors").write_bytes(os.urandom(4096))
+    (d / "tokenizer.json").write_text("{}")
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}))
+    (tmp_path / "student.parity.json").write_text(json.dumps({"passed": True, "top1_agreement": 0.98}))
+    return d
+
+
+def test_build_bundle_layout_and_manifest(tmp_path: Path, hf_model: Path, index_dir: Path):
+    cfg = ProtocolConfig(top_k=5, max_searches=2, max_turn_tokens=300)
+    b = build_bundle(hf_model, index_dir, tmp_path / "B", config=cfg)
+    m = b.manifest
+    assert m["format"] == "dgpo-edge-bundle" and m["format_version"] == 1
+    assert m["model"]["format"] == "transformers" and m["model"]["path"] == "model"
+    assert m["model"]["chat_template"] == TEMPLATE
+    assert m["parity"] == {"passed": True, "top1_agreement": 0.98}       # the *.parity.json beside the model
+    assert m["index"]["kind"] == "flat" and m["index"]["count"] == 12
+    assert m["encoder"]["format"] == "minilm-int8-onnx"
+    assert m["protocol"] == {"template": "search-r1", "prompt_template": PROMPT_TEMPLATE, "top_k": 5,
+                             "max_turns": 2, "max_turn_tokens": 300, "max_obs_tokens": 500,
+                             "max_total_tokens": 4096, "stop": ["</search>", "</answer>"]}
+    assert {"dgpo-edge", "python"} <= set(m["versions"])
+    files = set(m["files"])
+    assert {"model/config.json", "model/model.safetensors", "model/student.parity.json", "index/manifest.json",
+            "index/store.sqlite", "index/vectors.faiss", "encoder/model.onnx", "encoder/tokenizer.json"} <= files
+    for name, entry in m["files"].items():
+        assert (b.path / name).stat().st_size == entry["bytes"] and len(entry["sha256"]) == 64
+    assert not (tmp_path / "B.partial").exists()
+    assert b.protocol() == cfg and b.protocol(top_k=1).top_k == 1
+    assert verify(b.path).manifest == m
+
+
+def test_bundle_refuses_to_overwrite(tmp_path: Path, hf_model: Path, index_dir: Path):
+    build_bundle(hf_model, index_dir, tmp_path / "B")
+    with pytest.raises(InputError, match="already exists"):
+        build_bundle(hf_model, index_dir, tmp_path / "B")
+    b = build_bundle(hf_model, index_dir, tmp_path / "B", config=ProtocolConfig(top_k=1), overwrite=True)
+    assert b.manifest["protocol"]["top_k"] == 1
+
+
+@pytest.mark.parametrize("damage,word", [("truncate", "truncated"), ("flip", "changed"), ("remove", "missing"),
+                                         ("grow", "changed")])
+def test_verify_detects_damage(tmp_path: Path, hf_model: Path, index_dir: Path, damage: str, word: str):
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    target = b.path / "index" / "store.sqlite"
+    data = target.read_bytes()
+    if damage == "truncate":
+        target.write_bytes(data[:-100])
+    elif damage == "flip":
+        target.write_bytes(data[:50] + bytes([data[50] ^ 1]) + data[51:])
+    elif damage == "remove":
+        target.unlink()
+    else:
+        target.write_bytes(data + b"x")
+    with pytest.raises(InputError, match=word):
+        verify(b.path)
+    result = invoke("bundle", "verify", b.path)
+    line = assert_one_line_error(result, word, "store.sqlite")
+    assert str(target) in line
+    if damage == "flip":      # the cheap check on load sees sizes only
+        assert open_bundle(b.path).path == b.path
+    else:
+        with pytest.raises(InputError, match=word):
+            open_bundle(b.path)
+
+
+def test_bundle_cli_info_and_verify(tmp_path: Path, hf_model: Path, index_dir: Path):
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    r = invoke("bundle", "verify", b.path)
+    assert r.exit_code == 0 and "ok:" in r.flat and "match the manifest" in r.flat
+    r = invoke("bundle", "info", b.path)
+    assert r.exit_code == 0, r.output
+    assert "transformers: model" in r.flat and "flat, 12 passages" in r.flat and "top-k 3" in r.flat
+    assert "top1_agreement" in r.flat
+    r = invoke("bundle", "info", b.path, "--json")
+    assert json.loads(r.stdout)["index"]["count"] == 12
+
+
+def test_bad_bundles(tmp_path: Path):
+    assert_one_line_error(invoke("bundle", "verify", tmp_path / "nope"), "no such bundle folder")
+    assert_one_line_error(invoke("bundle", "verify", tmp_path), "not a bundle: no manifest.json")
+    (tmp_path / MANIFEST).write_text("{not json")
+    assert_one_line_error(invoke("bundle", "info", tmp_path), "malformed bundle manifest")
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": "dgpo-edge-bundle", "format_version": 1,
+                                                "model": {"path": "m"}, "index": {"path": "i"},
+                                                "files": {"../etc/passwd": {"bytes": 1, "sha256": "x"}}}))
+    assert_one_line_error(invoke("bundle", "verify", tmp_path), "not a path inside the bundle")
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": "dgpo-edge-bundle", "format_version": 99}))
+    assert_one_line_error(invoke("bundle", "info", tmp_path), "format version 99")
+
+
+def test_export_bundle_command(tmp_path: Path, hf_model: Path, index_dir: Path):
+    from dgpo_edge.cli.export_bundle import bundle_command
+    import typer
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    app.command()(bundle_command)
+    r = CliRunner().invoke(app, ["--model", str(hf_model), "--index", str(index_dir), "--out", str(tmp_path / "B"),
+                                 "--top-k", "2", "--max-turns", "3"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "B" / MANIFEST).read_text())
+    assert m["protocol"]["top_k"] == 2 and m["protocol"]["max_turns"] == 3
+    r = CliRunner().invoke(app, ["--model", str(tmp_path / "missing"), "--index", str(index_dir), "--out",
+                                 str(tmp_path / "C")])
+    assert r.exit_code == 2 and "no such model" in r.output
+    assert not (tmp_path / "C").exists()
+
+
+def test_export_bundle_is_registered():
+    r = invoke("export", "bundle", "--help")
+    assert r.exit_code == 0 and "--index" in r.flat
+
+
+def test_protocol_config_from_manifest():
+    assert protocol_config(None) == ProtocolConfig()
+    assert protocol_config({"top_k": 5, "max_turns": 1}, max_turns=3) == ProtocolConfig(top_k=5, max_searches=3)
+    with pytest.raises(InputError):
+        protocol_config({"top_k": 0})
+
+
+# --- the default bundle and load_agent (the real SmolLM2 GGUF through llama.cpp) ------------------------
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    monkeypatch.setenv(ENV_CORPUS, str(corpus))
+    return tmp_path / "cache"
+
+
+def test_default_bundle_builds_once_in_the_xdg_cache(cache: Path):
+    gguf = smollm2_gguf()
+    stages = []
+    b = ensure_default_bundle(progress=lambda stage, done, total: stages.append(stage))
+    assert b.path == default_bundle_dir() == cache / "dgpo-edge" / "default-bundle"
+    assert {"store", "embed", "model", "index", "hash"} <= set(stages)
+    m = b.manifest
+    assert m["model"]["format"] == "gguf" and m["model"]["path"] == f"model/{gguf.name}"
+    assert "<|im_start|>" in m["model"]["chat_template"]
+    assert m["index"]["count"] == 12 and m["source"]["corpus"] == os.environ[ENV_CORPUS]
+    assert not (cache / "dgpo-edge" / "default-bundle.build").exists()
+    assert not (cache / "dgpo-edge" / "default-bundle.partial").exists()
+    verify(b.path)
+    stages.clear()
+    assert ensure_default_bundle(progress=lambda *a: stages.append(a)).path == b.path and stages == []
+    # damaged: rebuilt
+    (b.path / "index" / "store.sqlite").write_bytes(b"")
+    stages.clear()
+    b2 = ensure_default_bundle(progress=lambda stage, done, total: stages.append(stage))
+    assert stages and verify(b2.path)
+    r = invoke("bundle", "info")
+    assert r.exit_code == 0 and "gguf" in r.flat and "12 passages" in r.flat
+
+
+def test_bundle_info_before_the_default_bundle_exists(cache: Path):
+    r = invoke("bundle", "info")
+    assert r.exit_code == 0 and "not built yet" in r.flat
+
+
+def test_load_agent_from_default_bundle_and_from_an_index(cache: Path, index_dir: Path):
+    smollm2_gguf()
+    with load_agent(progress=False, top_k=2, max_turns=1, threads=2) as agent:
+        assert agent.config.top_k == 2 and agent.config.max_searches == 1
+        assert agent.info["bundle"] == str(default_bundle_dir()) and agent.info["engine"] == "llama.cpp"
+        assert agent.engine.n_ctx == 4096
+        r = agent.answer("What is the capital of Peru?")
+        assert r.transcript.prompt.startswith("<|im_start|>system") and r.timings.new_tokens > 0
+    # only an index: the default model, no bundle built
+    os.environ.pop(ENV_CORPUS)
+    with load_agent(index=index_dir, progress=False) as agent:
+        assert agent.info["bundle"] is None and agent.info["model_from"] == "default model"
+        assert agent.retriever.search(["capital of Kenya"], k=1)[0][0].title == "Kenya"
+    with pytest.raises(InputError, match="no such index folder"):
+        load_agent(index=cache / "nope", progress=False)

@@ -1,0 +1,168 @@
+"""`dgpo-edge eval` and agent/evaluate.py: scores, ARC, incremental and resumable predictions, reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bundle_helpers import QUESTIONS, build_tiny_index, smollm2_gguf, write_corpus, write_questions
+from cli_helpers import assert_one_line_error, invoke
+from engine_fakes import ListRetriever, ScriptedEngine
+
+import dgpo_edge.engines
+from dgpo_edge.agent import Agent
+from dgpo_edge.agent.evaluate import PREDICTIONS, evaluate, load_questions, make_report
+from dgpo_edge.errors import InputError
+from dgpo_edge.protocol import Passage
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("idx")
+    return build_tiny_index(write_corpus(d / "corpus.jsonl"), d / "index")
+
+
+# q1: searches then answers right; q2: answers right at once; q3: invalid, then wrong
+SCRIPT = ["<search> capital of Peru </search>", "<answer> Lima </answer>",
+          "<answer>Nairobi</answer>",
+          "I don't know.", "<answer> Kyoto </answer>"]
+
+
+@pytest.fixture()
+def engine_script(monkeypatch, tmp_path: Path):
+    turns: list[str] = []
+    engines: list[ScriptedEngine] = []
+    model = tmp_path / "scripted.gguf"
+    model.write_bytes(b"GGUF")
+
+    def fake_open_engine(path, n_ctx=4096, threads=None, **kw):
+        engines.append(ScriptedEngine(list(turns), n_ctx=n_ctx))
+        return engines[-1]
+
+    monkeypatch.setattr(dgpo_edge.engines, "open_engine", fake_open_engine)
+    return turns, model, engines
+
+
+def test_eval_scores_arc_and_report(engine_script, index_dir: Path, tmp_path: Path):
+    turns, model, _ = engine_script
+    turns += SCRIPT
+    data = write_questions(tmp_path / "fbqa.jsonl")
+    out = tmp_path / "out"
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out)
+    assert r.exit_code == 0, r.output
+    preds = [json.loads(line) for line in (out / PREDICTIONS).read_text().splitlines()]
+    assert [p["prediction"] for p in preds] == ["Lima", "Nairobi", "Kyoto"]
+    assert [p["em"] for p in preds] == [1.0, 1.0, 0.0]
+    assert preds[0]["searches"] == 1 and preds[0]["hit"] == 1.0 and preds[0]["search_queries"] == ["capital of Peru"]
+    assert preds[2]["invalid_turns"] == 1 and preds[2]["turns"] == 2
+    report = json.loads((out / "report.json").read_text())
+    row = report["scores"]["sources"]["fbqa"]
+    assert row["n"] == 3 and row["em"] == pytest.approx(2 / 3) and row["cover_em"] == pytest.approx(2 / 3)
+    a = report["arc"]["sources"]["fbqa"]
+    assert a["hit_ratio"] == pytest.approx(1 / 3) and a["search_steps"] == pytest.approx(1 / 3)
+    assert a["invalid_action_rate"] == pytest.approx(1 / 5) and a["answered_rate"] == 1.0
+    assert report["scores"]["average"]["em"] == pytest.approx(2 / 3)
+    md = (out / "report.md").read_text()
+    assert "| fbqa | 3 | 0.667" in md and "hit ratio" in md
+    assert "fbqa" in r.flat and "report:" in r.flat
+
+
+def test_eval_resume_runs_only_missing_questions(engine_script, index_dir: Path, tmp_path: Path):
+    turns, model, engines = engine_script
+    data = write_questions(tmp_path / "fbqa.jsonl")
+    out = tmp_path / "out"
+    turns += SCRIPT[:3]
+    agent_engine_calls = []
+
+    def run(script):
+        turns.clear()
+        turns.extend(script)
+        r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out)
+        agent_engine_calls.append(engines[-1].calls)
+        return r
+
+    # first run dies on q3 (the script runs out: an empty turn is invalid, then the final turn fails)
+    r = run(SCRIPT[:3])
+    assert r.exit_code == 0
+    lines = (out / PREDICTIONS).read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[2])["prediction"] is None
+    # drop q3's line as if the run had been killed, and tear the file
+    (out / PREDICTIONS).write_text("\n".join(lines[:2]) + "\n" + lines[2][:20])
+    r = run(SCRIPT[3:])
+    assert r.exit_code == 0, r.output
+    preds = [json.loads(line) for line in (out / PREDICTIONS).read_text().splitlines()]
+    assert [p["id"] for p in preds] == ["q1", "q2", "q3"] and preds[2]["prediction"] == "Kyoto"
+    assert agent_engine_calls[-1] == 2     # only q3 ran
+    # a larger --limit or another data file is not a change of settings; --top-k is
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out, "--limit", "3")
+    assert r.exit_code == 0 and agent_engine_calls[-1] == 2
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out, "--top-k", "1")
+    assert_one_line_error(r, "other settings", "--overwrite")
+    turns[:] = SCRIPT
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out, "--top-k", "1",
+               "--overwrite")
+    assert r.exit_code == 0 and len((out / PREDICTIONS).read_text().splitlines()) == 3
+
+
+def test_eval_arc_evidence_modes(index_dir: Path, tmp_path: Path):
+    from dgpo_edge.retrieval.retrievers import open_index
+
+    data = write_questions(tmp_path / "fbqa.jsonl", n=1)
+    # agent run: answer at once; then source referencing (no think) and thinking
+    engine = ScriptedEngine(["<answer>Lima</answer>", "<answer> Lima </answer>",
+                             "<think>Doc 1 is about Peru.</think><answer>Cuzco</answer>"])
+    with Agent(engine, open_index(index_dir)) as agent:
+        report = evaluate(agent, load_questions([data]), tmp_path / "out", run_arc=True)
+    rec = json.loads((tmp_path / "out" / PREDICTIONS).read_text())
+    assert rec["source_ref_em"] == 1.0 and rec["thinking_em"] == 0.0
+    assert rec["source_ref_format"] == 1.0 and rec["thinking_format"] == 1.0
+    # the evidence prompt held the gold passage
+    assert report["scores"]["columns"] == ["em", "f1", "cover_em", "source_ref_em", "thinking_em"]
+
+
+def test_eval_several_files_macro_average(tmp_path: Path):
+    a = write_questions(tmp_path / "a.jsonl", n=2)
+    b = write_questions(tmp_path / "b.jsonl", n=1)
+    engine = ScriptedEngine(["<answer>Lima</answer>", "<answer>x</answer>", "<answer>Lima</answer>"])
+    agent = Agent(engine, ListRetriever([Passage("0", '"Peru"\nLima')]))
+    report = evaluate(agent, load_questions([a, b]), tmp_path / "out")
+    s = report["scores"]
+    assert s["sources"]["a"]["em"] == 0.5 and s["sources"]["b"]["em"] == 1.0
+    assert s["average"]["em"] == 0.75 and s["all"]["em"] == pytest.approx(2 / 3)
+
+
+def test_load_questions_checks():
+    with pytest.raises(InputError):
+        load_questions([])
+    with pytest.raises(InputError, match="--limit"):
+        load_questions(["x"], limit=0)
+
+
+def test_eval_bad_input(tmp_path: Path, index_dir: Path):
+    assert_one_line_error(invoke("eval", "--data", tmp_path / "missing.jsonl", "--index", index_dir,
+                                 "--out", tmp_path / "o"), "no such file")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "golden_answers": ["a"]}\n{broken\n')
+    assert_one_line_error(invoke("eval", "--data", bad, "--index", index_dir, "--out", tmp_path / "o"),
+                          "bad.jsonl, line 2")
+    data = write_questions(tmp_path / "d.jsonl")
+    assert_one_line_error(invoke("eval", "--data", data, "--data", data, "--index", index_dir,
+                                 "--out", tmp_path / "o"), "duplicate question key")
+
+
+def test_make_report_empty():
+    r = make_report([])
+    assert r["n"] == 0 and r["arc"]["all"]["n"] == 0
+
+
+@pytest.mark.slow
+def test_eval_real_smollm2(index_dir: Path, tmp_path: Path):
+    gguf = smollm2_gguf()
+    data = write_questions(tmp_path / "fbqa.jsonl", n=2)
+    r = invoke("eval", "--data", data, "--model", gguf, "--index", index_dir, "--out", tmp_path / "out",
+               "--threads", "2", "--max-turns", "1", "--arc")
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["n"] == 2 and "source_ref_em" in report["scores"]["columns"]
+    assert len(QUESTIONS) >= 2
