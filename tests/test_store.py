@@ -440,3 +440,17 @@ def test_a_format_1_store_is_refused_with_a_rebuild_hint(tmp_path: Path):
     db.close()
     with pytest.raises(InputError, match="rebuild it"):
         PassageStore(path)
+
+
+def test_dictionary_level_depends_on_whether_the_corpus_fits_the_sample(tmp_path: Path):
+    rng = random.Random(0)
+    words = ["river", "mountain", "capital", "border", "export", "population", "climate", "coast"]
+    passages = [Passage(str(i), f'"Country {i % 40}"\n' + " ".join(rng.choice(words) for _ in range(30)))
+                for i in range(1200)]
+    whole = PassageStore.build(tmp_path / "whole.sqlite", passages, fts=False)
+    head = PassageStore.build(tmp_path / "head.sqlite", passages, fts=False, dict_sample_bytes=1)
+    assert whole.compression == head.compression == "zstd+dict"
+    assert (whole.meta["level"], head.meta["level"]) == ("19", "9")  # head: 1,000 of 1,200 sampled
+    assert list(whole.iter_passages()) == list(head.iter_passages()) == passages
+    whole.close()
+    head.close()
