@@ -193,7 +193,7 @@ def test_bundle_info_before_the_default_bundle_exists(cache: Path):
 
 def test_load_agent_from_default_bundle_and_from_an_index(cache: Path, index_dir: Path):
     smollm2_gguf()
-    with load_agent(progress=False, top_k=2, max_turns=1, threads=2) as agent:
+    with load_agent(progress=False, top_k=2, max_turns=1, threads=1) as agent:
         assert agent.config.top_k == 2 and agent.config.max_searches == 1
         assert agent.info["bundle"] == str(default_bundle_dir()) and agent.info["engine"] == "llama.cpp"
         assert agent.engine.n_ctx == 4096

@@ -161,7 +161,7 @@ def test_eval_real_smollm2(index_dir: Path, tmp_path: Path):
     gguf = smollm2_gguf()
     data = write_questions(tmp_path / "fbqa.jsonl", n=2)
     r = invoke("eval", "--data", data, "--model", gguf, "--index", index_dir, "--out", tmp_path / "out",
-               "--threads", "2", "--max-turns", "1", "--arc")
+               "--threads", "1", "--max-turns", "1", "--arc")
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["n"] == 2 and "source_ref_em" in report["scores"]["columns"]

@@ -122,7 +122,6 @@ class Agent:
             prompt = engine.render_prompt(question)   # ValueError for an empty question
             transcript.append_prompt(prompt)
             ids = engine.encode(prompt)
-            searches = 0
             turn = 0
             while True:
                 check()
@@ -131,9 +130,7 @@ class Agent:
                 if room <= 0:
                     raise _Stop("token_budget", f"{len(ids)} of {budget} tokens used")
                 yield TurnStarted(turn)
-                gen_result = yield from self._generate(turn, ids, min(cfg.max_turn_tokens, room), check,
-                                                       transcript, timings)
-                ids.extend(gen_result.token_ids)
+                yield from self._generate(turn, ids, min(cfg.max_turn_tokens, room), check, transcript, timings)
                 action = transcript.turns()[-1].action
                 assert action is not None
                 if action.kind == "answer":
@@ -143,7 +140,6 @@ class Agent:
                 if final:
                     raise _Stop("max_turns", f"no answer after {turn + 1} turns")
                 if action.kind == "search":
-                    searches += 1
                     result.searches.append(action.content)
                     yield SearchIssued(turn, action.content)
                     check()
@@ -173,7 +169,7 @@ class Agent:
 
     def _generate(self, turn: int, ids: list[int], max_new: int, check: Any, transcript: Transcript,
                   timings: Timings) -> Iterator[Event]:
-        """One turn: stream its deltas; append the turn (even a cut-off one) to the transcript."""
+        """One turn: stream its deltas; append the turn (even a cut-off one) to the transcript and `ids`."""
         gen = self.engine.generate(ids, max_new, self.sampling)
         stopped: _Stop | None = None
         try:
@@ -188,6 +184,7 @@ class Agent:
             gen.close()
             r = gen.result
             transcript.append_turn(r.text, r.token_ids)
+            ids.extend(r.token_ids)
             timings.prompt_tokens += r.prompt_tokens
             timings.new_tokens += r.new_tokens
             timings.prompt_s += r.prompt_s

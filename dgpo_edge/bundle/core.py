@@ -296,7 +296,13 @@ def gguf_chat_template(path: Path) -> str | None:
 
     llama_cpp = import_llama_cpp()
     try:
-        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        from llama_cpp._utils import suppress_stdout_stderr
+    except ImportError:  # pragma: no cover - older/newer layouts
+        def suppress_stdout_stderr(disable: bool = True) -> Any:  # type: ignore[misc]
+            return contextlib.nullcontext()
+    try:
+        with suppress_stdout_stderr(disable=False):  # llama.cpp logs a context warning even for vocab_only
+            llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     except (ValueError, RuntimeError) as e:
         raise InputError(f"llama.cpp cannot read this GGUF model ({e})", path) from None
     try:
