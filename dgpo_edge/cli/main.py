@@ -5,7 +5,8 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
-from . import data, index
+from . import ask, bundle, chat, data, export, index, model, train
+from . import eval as eval_cli
 
 app = typer.Typer(
     name="dgpo-edge",
@@ -16,6 +17,13 @@ app = typer.Typer(
 )
 app.add_typer(data.app, name="data")
 app.add_typer(index.app, name="index")
+app.add_typer(train.app, name="train")
+app.add_typer(export.app, name="export")
+app.add_typer(model.app, name="model")
+app.command("chat")(chat.chat)
+app.command("ask")(ask.ask)
+app.command("eval")(eval_cli.eval_command)
+app.add_typer(bundle.app, name="bundle")
 
 
 def _version(value: bool) -> None:

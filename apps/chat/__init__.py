@@ -1,0 +1,1 @@
+"""`dgpo-edge chat`: the Textual terminal app."""

@@ -1,0 +1,86 @@
+"""`dgpo-edge chat`: the Textual chat app over a bundle, or a model and an index.
+
+The agent is loaded before the app starts, so a missing file or an unreadable
+model is one `error:` line and exit status 2 rather than a message inside a
+full-screen app (and a default bundle being built shows its progress on a
+normal terminal). Textual and the app are imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..errors import InputError
+from .common import user_errors
+
+MAX_TOP_K = 20     # kept equal to the settings screen's limits (apps/chat/screens.py)
+MAX_TURNS = 16
+
+
+@user_errors
+def chat(
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="A bundle directory (model + index). "
+                                          "Default: the built-in default bundle."),
+    model: Optional[Path] = typer.Option(None, "--model", help="A model: .gguf file, ONNX or transformers folder."),
+    index: Optional[Path] = typer.Option(None, "--index", help="An index directory (`dgpo-edge index build`)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=MAX_TOP_K,
+                                        help="Passages per search (default: the bundle's, else 3)."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=0, max=MAX_TURNS,
+                                            help="Searches before the final answer turn (default: the "
+                                            "bundle's, else 4)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for the model."),
+    history: Optional[Path] = typer.Option(None, "--history", help="Chat history file. "
+                                           "Default: $XDG_DATA_HOME/dgpo-edge/chats.sqlite."),
+) -> None:
+    """Chat with the search agent in the terminal: Esc stops, Ctrl+O past chats, Ctrl+S settings."""
+    app = build_app(bundle=bundle, model=model, index=index, top_k=top_k, max_turns=max_turns,
+                    threads=threads, history=history)
+    app.run()
+
+
+def build_app(bundle: Path | None = None, model: Path | None = None, index: Path | None = None,
+              top_k: int | None = None, max_turns: int | None = None, threads: int | None = None,
+              history: Path | None = None) -> Any:
+    """Check the arguments, open the chat history, load the agent; return the (not yet running) app."""
+    check_sources(bundle, model, index)
+    try:
+        from ..apps.chat.app import ChatApp
+        from ..apps.chat.screens import Settings
+        from ..apps.chat.storage import ChatStore
+    except ImportError as e:
+        raise InputError(f"the chat app needs Textual ({e.name} is missing): "
+                         "pip install 'dgpo-edge[edge]'") from None
+    store = ChatStore(history)   # a broken history file is reported before a model loads
+    from ..bundle import load_agent
+
+    # Progress bars (stderr) show only if the default bundle has to be built first.
+    agent = load_agent(bundle=bundle, model=model, index=index, threads=threads, top_k=top_k,
+                       max_turns=max_turns)
+    settings = Settings(top_k=agent.config.top_k, max_turns=agent.config.max_searches)
+    return ChatApp(lambda: agent, store, settings=settings, description=describe(agent, bundle, model, index))
+
+
+def check_sources(bundle: Path | None, model: Path | None, index: Path | None) -> None:
+    """A bundle, or a model and/or an index (the default bundle fills in the other); paths must exist."""
+    if bundle is not None and (model is not None or index is not None):
+        raise InputError("give either --bundle or --model/--index, not both")
+    for path in (bundle, model, index):
+        if path is not None and not path.expanduser().exists():
+            raise InputError("no such file or directory", path)
+    for path in (bundle, index):
+        if path is not None and not path.expanduser().is_dir():
+            raise InputError("not a directory", path)
+
+
+def describe(agent: Any, bundle: Path | None, model: Path | None, index: Path | None) -> str:
+    """The header's subtitle: what the agent runs (from `agent.info` when the loader filled it in)."""
+    info = getattr(agent, "info", None) or {}
+    model_name = info.get("model") or (model.name if model else None)
+    index_name = info.get("index") or (index.name if index else None)
+    parts = [str(Path(str(p)).name) for p in (model_name, index_name) if p]
+    if bundle is not None and not parts:
+        parts = [bundle.name]
+    return " · ".join(parts) or "default bundle"

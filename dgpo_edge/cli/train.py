@@ -1,0 +1,63 @@
+"""`dgpo-edge train ...`: the GPU training stage (SFT, cold-start KD, teacher trajectories).
+
+Each command takes `--config YAML` plus `key=value` overrides of dotted keys
+(`optim.lr=2e-5 run.out_dir=out/runs/x`). Multi-GPU: start the same command
+under `accelerate launch` (see docs/training.md). torch, transformers and
+accelerate are imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from .common import console, user_errors
+
+app = typer.Typer(help="Train a search agent: SFT, cold-start KD (needs the train extra).",
+                  no_args_is_help=True)
+
+CONFIG = typer.Option(..., "--config", "-c", help="YAML config (see train/configs/).")
+OVERRIDES = typer.Argument(None, metavar="[KEY=VALUE]...", help="Override config keys, e.g. optim.lr=2e-5.")
+
+
+@app.command("sft")
+@user_errors
+def sft(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
+    """Supervised training on trajectories (oracle -> a teacher; teacher trajectories -> SeqKD)."""
+    from ..train.config import SFTConfig, load_config
+    from ..train.sft import run_sft
+
+    cfg = load_config(SFTConfig, config, overrides or [])
+    _report(run_sft(cfg), cfg.run.out_dir)
+
+
+@app.command("kd")
+@user_errors
+def kd(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
+    """Cold-start distillation: forward/reverse KL, generalized JSD (GKD) or SeqKD from a teacher."""
+    from ..train.config import KDConfig, load_config
+    from ..train.kd import run_kd
+
+    cfg = load_config(KDConfig, config, overrides or [])
+    _report(run_kd(cfg), cfg.run.out_dir)
+
+
+def _report(summary: dict, out_dir: str) -> None:
+    if os.environ.get("RANK", "0") != "0":  # one line per run, not per process
+        return
+    best = "" if summary["best"] is None else \
+        f"; best {summary['best_metric']} {summary['best']:.4f} at step {summary['best_step']}"
+    console.print(f"trained {summary['steps']} steps in {summary['elapsed_s']:.1f} s "
+                  f"({summary['tokens_per_s']:,.0f} tokens/s, peak {summary['peak_mem_gb']:.2f} GB){best}; "
+                  f"checkpoints in {out_dir}/checkpoints/", highlight=False)
+
+
+try:  # `train tgo` lives in its own module (teacher-generated trajectories)
+    from .train_tgo import tgo_command
+except ModuleNotFoundError as e:
+    if e.name != f"{__package__}.train_tgo":
+        raise
+else:
+    app.command("tgo")(tgo_command)

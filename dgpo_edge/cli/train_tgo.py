@@ -1,0 +1,88 @@
+"""`dgpo-edge train tgo`: teacher-generated trajectories for SeqKD / SFT (train/tgo.py).
+
+Registered on the `train` sub-app by `cli/train.py`. torch and transformers are
+imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..errors import InputError
+from .common import console, err_console, user_errors
+
+
+@user_errors
+def tgo_command(
+    teacher: Path = typer.Option(..., "--teacher", help="Teacher model folder (transformers format)."),
+    data: Path = typer.Option(..., "--data", help="Questions with gold answers (any read_qa format)."),
+    index: Path = typer.Option(..., "--index", help="Index folder (dgpo-edge index build / compact)."),
+    out: Path = typer.Option(..., "--out", help="Output .jsonl (appended to; resumes where it stopped)."),
+    n: int = typer.Option(4, "--n", min=1, help="Samples per question."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Use the first N questions only."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Episodes decoded together."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature (> 0)."),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (per chunk of questions)."),
+    max_searches: int = typer.Option(4, "--max-searches", min=0, help="Searches before the final turn."),
+    top_k: int = typer.Option(3, "--top-k", min=1, help="Passages per search."),
+    max_turn_tokens: int = typer.Option(500, "--max-turn-tokens", min=1, help="New tokens per turn."),
+    engine: str = typer.Option("auto", "--engine", help="Decoder: auto, fast or plain."),
+    device: str | None = typer.Option(None, "--device", help="cuda, cpu, ... (default: cuda if available)."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32."),
+    chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template",
+                                       help="Wrap the prompt in the tokenizer's chat template."),
+) -> None:
+    """Sample N teacher trajectories per question; keep the correct ones (oracle.jsonl shape)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..datasets import read_qa
+    from ..protocol import ProtocolConfig
+    from ..retrieval.retrievers import open_index
+    from ..train.rollout import ENGINES, RolloutConfig
+    from ..train.tgo import TgoConfig, generate_teacher_trajectories
+
+    if engine not in ENGINES:
+        raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if temperature <= 0 or top_p <= 0:
+        raise InputError("--temperature and --top-p must be > 0 (tgo samples)")
+    examples = read_qa(data, limit=limit)
+    if not examples:
+        raise InputError("no questions", data)
+    if not all(ex.answers for ex in examples):
+        raise InputError("every question needs gold answers (only correct trajectories are kept)", data)
+    config = TgoConfig(n=n, rollout=RolloutConfig(
+        protocol=ProtocolConfig(top_k=top_k, max_searches=max_searches, max_turn_tokens=max_turn_tokens), temperature=temperature,
+        top_p=top_p, seed=seed, batch_size=batch_size, engine=engine, chat_template=chat_template))
+    model, tokenizer = load_teacher(teacher, device, dtype)
+    with open_index(index) as retriever, Progress(
+            TextColumn("tgo"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+            console=err_console, transient=True) as bar:
+        task = bar.add_task("questions", total=len(examples))
+        stats = generate_teacher_trajectories(model, tokenizer, examples, retriever, out, config,
+                                              teacher=str(teacher), on_chunk=lambda k: bar.advance(task, k))
+    console.print(f"{stats.processed} questions sampled ({stats.skipped} already done), "
+                  f"{stats.solved} solved, {stats.correct}/{stats.samples} samples correct, "
+                  f"{stats.written} trajectories written to {out}", highlight=False)
+
+
+def load_teacher(path: Path, device: str | None, dtype: str):
+    """(model, tokenizer) from a transformers folder; InputError when it is not one."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise InputError("not a transformers model folder (no config.json)", path)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    types = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+             "auto": torch.bfloat16 if dev.type == "cuda" else torch.float32}
+    if dtype not in types:
+        raise InputError(f"--dtype must be one of {', '.join(types)}, got {dtype!r}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=types[dtype])
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot load the teacher ({type(e).__name__}: {e})", path) from None
+    return model.to(dev).eval(), tokenizer

@@ -1,0 +1,180 @@
+"""The project's own transformers -> GGUF writer, on the `gguf` package.
+
+Qwen2 and Llama, tied or untied embeddings. F16, BF16, Q8_0 and Q4_0 are written directly
+(gguf's numpy quantizers); K-quants (Q4_K_M, ...) are made by llama.cpp's `llama_model_quantize`
+from an F16 file written first. Every file is written to a temp name and renamed into place.
+
+    write_gguf("ckpt/", "model-q8_0.gguf", quant="q8_0")
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dgpo_edge.errors import InputError
+from dgpo_edge.jsonio import atomic_path
+
+from .checkpoint import Checkpoint, open_checkpoint
+from .gguf_vocab import add_vocab, build_vocab
+from .quantize import LLAMA_CPP_QUANTS, quantize_gguf
+
+# Quant types written in numpy by `gguf`; the rest come from llama.cpp (LLAMA_CPP_QUANTS).
+NUMPY_QUANTS = ("f16", "bf16", "q8_0", "q4_0")
+QUANTS = NUMPY_QUANTS + tuple(LLAMA_CPP_QUANTS)
+_BLOCK = 32  # Q8_0/Q4_0 quantize rows in blocks of 32 values
+
+
+def write_gguf(model: str | Path, out: str | Path, quant: str = "f16",
+               pre: str | None = None, threads: int = 2) -> Path:
+    """Export the checkpoint `model` (a directory or hub id) to the GGUF file `out`.
+
+    `pre` overrides the detected llama.cpp pre-tokenizer name. Returns `out`.
+    """
+    quant = quant.lower()
+    if quant not in QUANTS:
+        raise InputError(f"unknown --quant {quant!r} (choose from {', '.join(QUANTS)})")
+    ckpt = open_checkpoint(model)
+    out = Path(out)
+    if quant in NUMPY_QUANTS:
+        with atomic_path(out) as tmp:
+            _write(ckpt, tmp, quant, pre)
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as d:
+        f16 = Path(d) / "f16.gguf"
+        _write(ckpt, f16, "f16", pre)
+        with atomic_path(out) as tmp:
+            quantize_gguf(f16, tmp, quant, threads=threads)
+    return out
+
+
+def _write(ckpt: Checkpoint, path: Path, quant: str, pre: str | None) -> None:
+    import gguf
+
+    arch = gguf.MODEL_ARCH.QWEN2 if ckpt.arch == "qwen2" else gguf.MODEL_ARCH.LLAMA
+    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
+    _add_hparams(writer, ckpt, quant)
+    tokenizer, specials = effective_tokenizer(ckpt)
+    add_vocab(writer, build_vocab(tokenizer, specials, ckpt.config, pre))
+    if ckpt.chat_template:
+        writer.add_chat_template(ckpt.chat_template)
+    _add_tensors(writer, ckpt, arch, quant)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def effective_tokenizer(ckpt: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tokenizer pipeline transformers actually runs for this checkpoint, as tokenizer.json.
+
+    transformers 5 rebuilds the pipeline of some model types' own tokenizer classes whatever
+    tokenizer.json says (a `qwen2` checkpoint always gets Qwen2's split regex and NFC). Training
+    tokenizes through AutoTokenizer, so llama.cpp must match that, not the file on disk.
+    """
+    import json
+
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(ckpt.path)
+        pipeline = json.loads(tok.backend_tokenizer.to_str())
+    except (OSError, ValueError, AttributeError) as e:
+        raise InputError(f"transformers cannot load the tokenizer ({e})", ckpt.path) from None
+    specials = {f"{name}_token": getattr(tok, f"{name}_token", None)
+                for name in ("bos", "eos", "pad", "unk")}
+    return pipeline, specials
+
+
+_FILE_TYPES = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0",
+               "q4_0": "MOSTLY_Q4_0"}
+
+
+def _add_hparams(writer: Any, ckpt: Checkpoint, quant: str) -> None:
+    import gguf
+
+    c = ckpt.config
+    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise InputError(f"rope scaling {rope.get('rope_type') or rope.get('type')!r} is not "
+                         "supported by this writer", ckpt.path / "config.json")
+    writer.add_name(ckpt.name)
+    writer.add_context_length(int(c.get("max_position_embeddings", 4096)))
+    writer.add_embedding_length(int(c["hidden_size"]))
+    writer.add_block_count(int(c["num_hidden_layers"]))
+    writer.add_feed_forward_length(int(c["intermediate_size"]))
+    writer.add_head_count(int(c["num_attention_heads"]))
+    writer.add_head_count_kv(int(c.get("num_key_value_heads") or c["num_attention_heads"]))
+    head_dim = ckpt.head_dim()
+    writer.add_rope_dimension_count(head_dim)
+    if head_dim * c["num_attention_heads"] != c["hidden_size"]:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(ckpt.rope_theta())
+    writer.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-6)))
+    writer.add_vocab_size(int(c["vocab_size"]))
+    writer.add_file_type(getattr(gguf.LlamaFileType, _FILE_TYPES[quant]))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _llama_rope_permute(w: Any, n_head: int) -> Any:
+    """HF Llama stores q/k rows for rotate-half RoPE; llama.cpp's llama arch wants them
+    interleaved in pairs. Qwen2 uses the rotate-half (NEOX) layout in llama.cpp too: no permute."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _tensor_type(data: Any, quant: str, is_output: bool) -> Any:
+    """The GGML type of one tensor: norms and biases stay F32; rows not a multiple of the
+    block size fall back to F16; in Q4_0 the output projection keeps Q8_0 (as llama.cpp keeps
+    it at higher precision: 4-bit there costs the most quality)."""
+    import gguf
+
+    T = gguf.GGMLQuantizationType
+    if data.ndim == 1:
+        return T.F32
+    if quant == "f16":
+        return T.F16
+    if quant == "bf16":
+        return T.BF16
+    if data.shape[-1] % _BLOCK:
+        return T.F16
+    if quant == "q4_0" and is_output:
+        return T.Q8_0
+    return T.Q8_0 if quant == "q8_0" else T.Q4_0
+
+
+def _add_tensors(writer: Any, ckpt: Checkpoint, arch: Any, quant: str) -> None:
+    import gguf
+    import numpy as np
+
+    c = ckpt.config
+    n_layers = int(c["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(arch, n_layers)
+    n_head = int(c["num_attention_heads"])
+    n_kv = int(c.get("num_key_value_heads") or n_head)
+    tied, seen = ckpt.tied(), set()
+    for name, data in ckpt.tensors():
+        if name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight"):
+            continue
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise InputError(f"tensor {name!r} has no GGUF name for {ckpt.arch}",
+                             ckpt.weight_files[0])
+        if arch == gguf.MODEL_ARCH.LLAMA and name.endswith(("q_proj.weight", "k_proj.weight")):
+            data = _llama_rope_permute(data, n_head if "q_proj" in name else n_kv)
+        is_output = gguf_name == "output.weight" or (tied and gguf_name == "token_embd.weight")
+        qtype = _tensor_type(data, quant, is_output)
+        if qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name, data.astype(np.float32))
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(gguf_name, data.astype(np.float16))
+        else:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        seen.add(gguf_name)
+    if "token_embd.weight" not in seen:
+        raise InputError("no embedding tensor (model.embed_tokens.weight)", ckpt.weight_files[0])
+    if not tied and "output.weight" not in seen:
+        raise InputError("untied model without lm_head.weight", ckpt.weight_files[0])

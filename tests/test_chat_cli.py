@@ -1,0 +1,56 @@
+"""`dgpo-edge chat`: options, bad input before the app starts, lazy imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from cli_helpers import assert_one_line_error, invoke
+
+
+def test_help_lists_the_options():
+    result = invoke("chat", "--help")
+    assert result.exit_code == 0, result.output
+    for word in ("--bundle", "--model", "--index", "--top-k", "--max-turns", "--threads", "--history"):
+        assert word in result.plain
+
+
+def test_bundle_and_model_are_exclusive(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    result = invoke("chat", "--bundle", tmp_path / "b", "--model", tmp_path / "m.gguf")
+    assert_one_line_error(result, "either --bundle or --model/--index")
+
+
+@pytest.mark.parametrize("option", ["--bundle", "--model", "--index"])
+def test_a_missing_path_is_named(tmp_path, option):
+    missing = tmp_path / "nowhere"
+    assert_one_line_error(invoke("chat", option, missing), str(missing), "no such file or directory")
+
+
+def test_an_index_must_be_a_directory(tmp_path):
+    f = tmp_path / "index.txt"
+    f.write_text("x")
+    assert_one_line_error(invoke("chat", "--index", f), str(f), "not a directory")
+
+
+def test_a_broken_history_file_is_named_before_any_model_loads(tmp_path):
+    pytest.importorskip("textual")
+    bad = tmp_path / "chats.sqlite"
+    bad.write_bytes(b"not a database" * 50)
+    assert_one_line_error(invoke("chat", "--history", bad), str(bad), "not a readable chat history")
+
+
+def test_out_of_range_settings_are_refused():
+    result = invoke("chat", "--top-k", "0")
+    assert result.exit_code == 2 and "--top-k" in result.plain
+
+
+def test_the_cli_does_not_import_textual_until_chat_runs():
+    code = ("import sys, dgpo_edge.cli.main; "
+            "bad = sorted(m for m in ('textual', 'llama_cpp', 'torch') if m in sys.modules); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

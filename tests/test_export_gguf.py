@@ -1,0 +1,211 @@
+"""`dgpo-edge export gguf`: the project's GGUF writer, checked in real llama.cpp.
+
+Models: tiny random Qwen2 with the real Qwen tokenizer (tied and untied; needs ../shared), a tiny
+random Llama with SmolLM2's tokenizer (the q/k permutation), and SmolLM2-135M real weights
+remapped to Qwen2 (F16 exact-greedy, Q8_0/Q4_0/Q4_K_M agreement).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import assert_one_line_error, invoke
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+pytest.importorskip("llama_cpp")
+
+from dgpo_edge.export.gguf_verify import open_llama, verify_gguf  # noqa: E402
+from dgpo_edge.export.gguf_vocab import detect_pre_tokenizer  # noqa: E402
+from dgpo_edge.export.gguf_writer import write_gguf  # noqa: E402
+from dgpo_edge.export.parity import PARITY_TEXTS, Reference  # noqa: E402
+from dgpo_edge.train import models  # noqa: E402
+
+PARITY_KEYS = {"format", "quant", "tokenizer_match", "max_abs_logit_diff", "top1_agreement",
+               "n_tokens", "versions", "passed"}
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(qwen_dir, tmp_path_factory) -> dict[str, Path]:
+    """Tied and untied 2-layer random Qwen2 checkpoints with the real Qwen vocabulary."""
+    base = tmp_path_factory.mktemp("tiny-qwen")
+    return {tied: models.random_qwen2(qwen_dir, base / tied, tied=tied == "tied", init_range=0.2)
+            for tied in ("tied", "untied")}
+
+
+@pytest.fixture(scope="module")
+def smol_qwen_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M as Qwen2 (shared with test_models through the session's base temp dir)."""
+    try:
+        gguf_file = models.smollm2_gguf()
+    except Exception as e:
+        pytest.skip(str(e))
+    out = tmp_path_factory.getbasetemp() / "smollm2-qwen2"
+    if not (out / "config.json").is_file():
+        models.from_gguf(gguf_file, out, as_arch="qwen2")
+    return out
+
+
+@pytest.fixture(scope="module")
+def smol_reference(smol_qwen_dir) -> Reference:
+    return Reference.load(smol_qwen_dir)
+
+
+@pytest.mark.parametrize("tied", ["tied", "untied"])
+def test_tiny_qwen_f16_round_trip(tiny_qwen, tmp_path, tied):
+    out = tmp_path / "m.gguf"
+    result = invoke("export", "gguf", tiny_qwen[tied], "--out", out, "--quant", "f16")
+    assert result.exit_code == 0, result.output
+    parity = json.loads((tmp_path / "m.gguf.parity.json").read_text())
+    assert PARITY_KEYS <= set(parity)
+    assert parity["format"] == "gguf" and parity["quant"] == "f16"
+    assert parity["tokenizer_match"] is True, parity["tokenizer_mismatch"]
+    assert parity["rel_logit_diff"] <= parity["logit_tolerance"]
+    assert parity["greedy_match"] == parity["greedy_n"]
+    assert parity["passed"] is True
+    assert "tokenizer: identical on" in result.flat and "parity: passed" in result.flat
+    from gguf import GGUFReader
+
+    reader = GGUFReader(out)
+    names = {t.name for t in reader.tensors}
+    assert ("output.weight" in names) == (tied == "untied")
+    assert "blk.0.attn_q.bias" in names
+    assert reader.fields["tokenizer.ggml.pre"].contents() == "qwen2"
+    assert "<|im_start|>" in reader.fields["tokenizer.chat_template"].contents()
+
+
+def test_tiny_qwen_q8_0_agreement(tiny_qwen, tmp_path):
+    out = tmp_path / "m-q8.gguf"
+    write_gguf(tiny_qwen["untied"], out, "q8_0")
+    parity = verify_gguf(tiny_qwen["untied"], out, "q8_0")
+    # random weights give near-tied logits (std 1.6), so a lower floor than SmolLM2's 0.9 below
+    assert parity["tokenizer_match"] and parity["top1_agreement"] >= 0.8, parity
+
+
+def test_qwen_tokenizer_matches_llama_cpp_on_every_parity_text(tiny_qwen, tmp_path):
+    out = tmp_path / "m.gguf"
+    write_gguf(tiny_qwen["tied"], out, "q8_0")
+    ref = Reference.load(tiny_qwen["tied"])
+    vocab = open_llama(out, vocab_only=True)
+    for text in PARITY_TEXTS:
+        assert vocab.tokenize(text.encode(), add_bos=True, special=True) == ref.encode(text), text
+    # ChatML specials are single control tokens, <think> a single user-defined token
+    assert vocab.tokenize(b"<|im_start|><think>", add_bos=False, special=True) == [151644, 151667]
+
+
+def test_llama_architecture_round_trip(smol_qwen_dir, tmp_path):
+    """A random Llama (SmolLM2 tokenizer): llama.cpp needs q/k rows permuted; greedy must match."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, tie_word_embeddings=False,
+                         initializer_range=0.2, bos_token_id=1, eos_token_id=2)
+    src = tmp_path / "llama"
+    models.save_checkpoint(LlamaForCausalLM(config).eval(),
+                           AutoTokenizer.from_pretrained(smol_qwen_dir), src)
+    out = tmp_path / "llama.gguf"
+    write_gguf(src, out, "f16")
+    parity = verify_gguf(src, out, "f16")
+    assert parity["tokenizer_match"], parity
+    assert parity["rel_logit_diff"] <= parity["logit_tolerance"], parity
+    assert parity["greedy_match"] == parity["greedy_n"], parity
+
+
+@pytest.mark.slow
+def test_smollm2_f16_is_exact_in_llama_cpp(smol_qwen_dir, smol_reference, tmp_path):
+    out = tmp_path / "smol-f16.gguf"
+    write_gguf(smol_qwen_dir, out, "f16")
+    parity = verify_gguf(smol_qwen_dir, out, "f16", reference=smol_reference)
+    assert parity["tokenizer_match"] is True, parity["tokenizer_mismatch"]
+    assert parity["rel_logit_diff"] <= parity["logit_tolerance"], parity
+    assert parity["top1_agreement"] >= 0.97, parity
+    assert parity["greedy_match"] == parity["greedy_n"], parity  # F16 greedy generation identical
+    from gguf import GGUFReader
+
+    # transformers 5 loads a qwen2 checkpoint's tokenizer with Qwen2's own pipeline, whatever
+    # tokenizer.json says; the writer matches what transformers runs (docs/export.md)
+    assert GGUFReader(out).fields["tokenizer.ggml.pre"].contents() == "qwen2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quant, floor", [("q8_0", 0.9), ("q4_0", 0.6), ("q4_k_m", 0.6)])
+def test_smollm2_quantized_agreement(smol_qwen_dir, smol_reference, tmp_path, quant, floor):
+    out = tmp_path / f"smol-{quant}.gguf"
+    write_gguf(smol_qwen_dir, out, quant)
+    parity = verify_gguf(smol_qwen_dir, out, quant, reference=smol_reference)
+    assert parity["tokenizer_match"] is True
+    assert parity["top1_agreement"] >= floor, parity
+    assert parity["n_tokens"] > 100
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # temp files gone
+
+
+def test_pre_tokenizer_detection(qwen_dir, smol_qwen_dir):
+    qwen = json.loads((qwen_dir / "tokenizer.json").read_text())
+    smol = json.loads((smol_qwen_dir / "tokenizer.json").read_text())
+    assert detect_pre_tokenizer(qwen) == "qwen2"
+    assert detect_pre_tokenizer(smol) == "smollm"
+    assert detect_pre_tokenizer({"pre_tokenizer": {"type": "ByteLevel"}}) == "gpt2"
+
+
+# ------------------------------------------------------------------ bad input
+
+def copy_config_only(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, dst / name)
+    return dst
+
+
+def test_unsupported_architecture(smol_qwen_dir, tmp_path):
+    ckpt = copy_config_only(smol_qwen_dir, tmp_path / "gpt2")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    result = invoke("export", "gguf", ckpt, "--out", tmp_path / "m.gguf")
+    assert_one_line_error(result, "config.json", "unsupported architecture 'gpt2'")
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_missing_tokenizer(smol_qwen_dir, tmp_path):
+    ckpt = copy_config_only(smol_qwen_dir, tmp_path / "notok")
+    (ckpt / "tokenizer.json").unlink()
+    result = invoke("export", "gguf", ckpt, "--out", tmp_path / "m.gguf")
+    assert_one_line_error(result, "tokenizer.json", "missing tokenizer")
+
+
+def test_truncated_weights(smol_qwen_dir, tmp_path):
+    ckpt = copy_config_only(smol_qwen_dir, tmp_path / "cut")
+    with open(smol_qwen_dir / "model.safetensors", "rb") as f:
+        (ckpt / "model.safetensors").write_bytes(f.read(3_000_000))
+    result = invoke("export", "gguf", ckpt, "--out", tmp_path / "m.gguf", "--quant", "q4_k_m")
+    assert_one_line_error(result, "model.safetensors", "truncated")
+    assert list(tmp_path.iterdir()) == [ckpt]  # nothing half-written
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--quant", "q3_xyz"], "unknown --quant 'q3_xyz'"),
+])
+def test_bad_options(smol_qwen_dir, tmp_path, args, needle):
+    assert_one_line_error(invoke("export", "gguf", smol_qwen_dir, "--out", tmp_path / "m.gguf",
+                                 *args), needle)
+
+
+def test_missing_model_dir(tmp_path):
+    result = invoke("export", "gguf", tmp_path / "nope", "--out", tmp_path / "m.gguf")
+    assert_one_line_error(result, "nope", "no such directory")
+
+
+def test_no_verify_drops_a_stale_parity_file(tiny_qwen, tmp_path):
+    out = tmp_path / "m.gguf"
+    stale = tmp_path / "m.gguf.parity.json"
+    stale.write_text('{"passed": true}')
+    result = invoke("export", "gguf", tiny_qwen["tied"], "--out", out, "--quant", "q4_0",
+                    "--no-verify")
+    assert result.exit_code == 0, result.output
+    assert out.is_file() and not stale.exists()

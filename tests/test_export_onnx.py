@@ -1,0 +1,79 @@
+"""`dgpo-edge export onnx`: onnxruntime-genai's builder plus the same parity checks.
+
+A tiny random Qwen2 with the real Qwen tokenizer (needs ../shared): fp32 within the logit
+tolerance with identical greedy generation; int4 agreement reported.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import assert_one_line_error, invoke
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("onnx_ir")
+pytest.importorskip("onnxruntime_genai")
+
+from dgpo_edge.train import models  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(qwen_dir, tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("tiny-qwen-onnx")
+    return models.random_qwen2(qwen_dir, base / "tied", init_range=0.2)
+
+
+def test_fp32_matches_transformers(tiny_qwen, tmp_path):
+    out = tmp_path / "onnx"
+    result = invoke("export", "onnx", tiny_qwen, "--out", out, "--precision", "fp32")
+    assert result.exit_code == 0, result.output
+    assert (out / "model.onnx").is_file() and (out / "genai_config.json").is_file()
+    parity = json.loads((out / "onnx.parity.json").read_text())
+    assert parity["format"] == "onnx" and parity["quant"] == "fp32"
+    assert parity["tokenizer_match"] is True, parity["tokenizer_mismatch"]
+    assert parity["rel_logit_diff"] <= parity["logit_tolerance"], parity
+    assert parity["greedy_match"] == parity["greedy_n"], parity
+    assert parity["passed"] is True
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.fixture(scope="module")
+def smol_qwen_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M as Qwen2 (shared with the other export tests through the base temp dir)."""
+    try:
+        gguf_file = models.smollm2_gguf()
+    except Exception as e:
+        pytest.skip(str(e))
+    out = tmp_path_factory.getbasetemp() / "smollm2-qwen2"
+    if not (out / "config.json").is_file():
+        models.from_gguf(gguf_file, out, as_arch="qwen2")
+    return out
+
+
+@pytest.mark.slow
+def test_int4_real_weights_agreement(smol_qwen_dir, tmp_path):
+    """Random weights give near-tied logits, so 4-bit agreement is judged on SmolLM2's."""
+    out = tmp_path / "onnx4"
+    result = invoke("export", "onnx", smol_qwen_dir, "--out", out, "--precision", "int4", "--json")
+    assert result.exit_code == 0, result.output
+    parity = json.loads(result.stdout)
+    assert parity == json.loads((out / "onnx.parity.json").read_text())
+    assert parity["quant"] == "int4" and parity["tokenizer_match"] is True
+    assert parity["logit_tolerance"] is None and parity["top1_agreement"] >= 0.6, parity
+    weights = (out / "model.onnx.data").stat().st_size
+    assert weights < 0.25 * (smol_qwen_dir / "model.safetensors").stat().st_size
+
+
+def test_bad_inputs(tmp_path):
+    ckpt = tmp_path / "m"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert_one_line_error(invoke("export", "onnx", ckpt, "--out", tmp_path / "o"),
+                          "unsupported architecture 'bert'")
+    assert_one_line_error(invoke("export", "onnx", ckpt, "--out", tmp_path / "o",
+                                 "--precision", "int3"), "unknown --precision 'int3'")
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,260 @@
+"""Batched multi-turn rollouts (train/rollout.py, decoding.py, fast_decode.py) on CPU.
+
+Real tokenizers (SmolLM2's from its GGUF; Qwen's from ../shared), tiny real
+models, a real BM25 store. The memorizer (test_rollout_support.py) is a
+2-layer model trained to search and answer, so stop strings, retrieval and
+scoring are exercised for real.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import test_rollout_support as support  # noqa: E402
+import torch  # noqa: E402
+from dgpo_edge.train.decoding import PlainDecoder, Sampling, StopScanner, sample_next  # noqa: E402
+from dgpo_edge.train.fast_decode import FastDecoder  # noqa: E402
+from dgpo_edge.train.rollout import RolloutConfig, evaluate_em, generate_rollouts  # noqa: E402
+from test_rollout_support import EPISODES, tiny_model  # noqa: E402
+
+from dgpo_edge import protocol  # noqa: E402
+from dgpo_edge.protocol import ProtocolConfig  # noqa: E402
+from dgpo_edge.retrieval.base import Retriever  # noqa: E402
+from dgpo_edge.transcript import encoder_for  # noqa: E402
+
+QUESTIONS = [e[0] for e in EPISODES]      # the memorizer knows the first one only
+GOLDS = [[e[1]] for e in EPISODES]
+KNOWN_Q, KNOWN_GOLD, KNOWN_QUERY = EPISODES[0][0], EPISODES[0][1], EPISODES[0][2]
+# Varied lengths, so left padding really happens.
+RANDOM_QS = ["Who wrote it", "What is the tallest mountain of the whole wide world",
+             "When did the long and complicated war end", "Why"]
+
+
+@pytest.fixture(scope="module")
+def smol_tok(request, tmp_path_factory):
+    return support.smol_tok_fixture(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def retriever(tmp_path_factory):
+    r = support.bm25_retriever(tmp_path_factory.mktemp("bm25"))
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def memorized(smol_tok, retriever, request, tmp_path_factory):
+    return support.memorized_fixture(smol_tok, retriever, request, tmp_path_factory)
+
+
+class CountingRetriever(Retriever):
+    """A real retriever that also records every batched call."""
+
+    def __init__(self, inner: Retriever):
+        self.inner, self.calls = inner, []
+
+    def search(self, queries, k=3):
+        self.calls.append(list(queries))
+        return self.inner.search(queries, k)
+
+
+@pytest.fixture(scope="module")
+def random_llama(smol_tok):
+    return tiny_model("llama", len(smol_tok), seed=5)
+
+
+def _fwd_logprobs(model, ids, temperature=1.0):
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    lp = torch.log_softmax(logits / temperature, dim=-1)
+    return [0.0] + lp[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+def _cfg(**kw):
+    proto = {k: kw.pop(k) for k in list(kw) if k in ProtocolConfig.__dataclass_fields__}
+    return RolloutConfig(protocol=ProtocolConfig(**proto), **kw)
+
+
+def _sig(rollouts):
+    return [(r.token_ids, r.loss_mask, r.transcript.text) for r in rollouts]
+
+
+# --- pieces -------------------------------------------------------------------------
+
+def test_stop_scanner_keeps_the_completing_token_and_drops_eos(smol_tok):
+    scanner = StopScanner(smol_tok, protocol.STOP_STRINGS, {smol_tok.eos_token_id})
+    ids = smol_tok.encode("<think> x </think>\n<search> q </search>\n\nmore text", add_special_tokens=False)
+    row = scanner.start(100)
+    row.feed(ids, [0.0] * len(ids))
+    out = row.output()
+    text = smol_tok.decode(out.ids)
+    assert out.finish == "stop" and "</search>" in text and "more" not in text
+    assert not smol_tok.decode(out.ids[:-1]).endswith("</search>")   # cut right at the completing token
+    row = scanner.start(100)
+    row.feed([ids[0], smol_tok.eos_token_id, ids[1]], [-1.0, -2.0, -3.0])
+    assert (row.output().ids, row.output().logprobs, row.output().finish) == ([ids[0]], [-1.0], "eos")
+    row = scanner.start(2)
+    row.feed(ids, [0.0] * len(ids))
+    assert (row.output().ids, row.output().finish) == (ids[:2], "length")
+
+
+def test_sample_next_logprobs_greedy_and_nucleus():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 0.0, 0.0]])
+    tok, lp = sample_next(logits, Sampling(greedy=True, temperature=2.0))
+    assert tok.tolist() == [0, 1]
+    assert torch.allclose(lp, torch.log_softmax(logits / 2.0, -1)[[0, 1], [0, 1]])
+    # top_p small keeps only the most likely token, whatever the noise says.
+    noise = torch.rand((2, 4), generator=torch.Generator().manual_seed(0))
+    for _ in range(5):
+        tok, _ = sample_next(logits, Sampling(top_p=0.05), noise)
+        assert tok.tolist() == [0, 1]
+        noise = torch.rand((2, 4))
+    # Sampling follows the distribution: token 1 of row 2 has p = e^3 / (e^3 + 3) ~ 0.87.
+    g = torch.Generator().manual_seed(1)
+    draws = [sample_next(logits, Sampling(), torch.rand((2, 4), generator=g))[0][1].item() for _ in range(400)]
+    assert 0.80 < draws.count(1) / 400 < 0.94
+
+
+# --- episodes ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["plain", "fast"])
+def test_memorized_agent_searches_reads_and_answers(memorized, smol_tok, retriever, engine):
+    counting = CountingRetriever(retriever)
+    rs = generate_rollouts(memorized, smol_tok, QUESTIONS, GOLDS, counting, _cfg(greedy=True, engine=engine))
+    known = rs[0]
+    assert (known.answer, known.score, known.n_searches, known.n_invalid, known.finish) == \
+        (KNOWN_GOLD, 1.0, 1, 0, "answer")
+    assert [s.kind for s in known.transcript.segments] == ["prompt", "turn", "information", "turn"]
+    assert known.transcript.segments[1].text.endswith(f"<search> {KNOWN_QUERY} </search>")
+    assert known.transcript.searches()[0].passages[0].title == "Freedonia"
+    # One batched retriever call per round, holding every row that searched in it.
+    assert counting.calls[0][0] == KNOWN_QUERY
+    assert sum(map(len, counting.calls)) == sum(r.n_searches for r in rs)
+    assert len(counting.calls) <= 4
+    encode = encoder_for(smol_tok)
+    for r in rs:
+        tok = r.transcript.tokenize(encode)
+        assert (tok.ids, tok.mask) == (r.token_ids, r.loss_mask)    # segment-wise ids, as the agent's
+        assert smol_tok.decode(r.token_ids) == r.transcript.text
+        # Mask 1 exactly on the turns' sampled ids.
+        turn_ids = [i for s in r.transcript.turns() for i in s.token_ids]
+        assert [i for i, m in zip(r.token_ids, r.loss_mask) if m] == turn_ids
+        assert r.prompt_length == len(encode(r.transcript.prompt))
+        assert r.score == float(r.answer is not None and r.answer == r.golds[0])
+
+
+@pytest.mark.parametrize("engine", ["plain", "fast"])
+def test_logprobs_equal_a_forward_pass_over_the_episode(memorized, random_llama, smol_tok, retriever, engine):
+    cfg = _cfg(temperature=0.7, seed=3, engine=engine, max_turn_tokens=24, max_searches=1)
+    for model, qs in ((memorized, QUESTIONS[:2]), (random_llama, RANDOM_QS[:2])):
+        for r in generate_rollouts(model, smol_tok, qs, None, retriever, cfg):
+            ref = _fwd_logprobs(model, r.token_ids, temperature=0.7)
+            for lp, want, m in zip(r.logprobs, ref, r.loss_mask):
+                assert (lp == 0.0) if not m else abs(lp - want) < 1e-4
+
+
+def test_fast_engine_equals_plain_engine_token_for_token(random_llama, memorized, smol_tok, retriever):
+    for model, qs in ((random_llama, RANDOM_QS), (memorized, QUESTIONS)):
+        for sampling in ({"greedy": True}, {"temperature": 1.0, "seed": 11}):
+            got = [generate_rollouts(model, smol_tok, qs, None, retriever,
+                                     _cfg(engine=e, max_turn_tokens=20, max_searches=1, check_every=7,
+                                          **sampling))
+                   for e in ("plain", "fast")]
+            assert _sig(got[0]) == _sig(got[1])
+            for a, b in zip(*got):
+                assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0) < 1e-4
+
+
+@pytest.mark.parametrize("engine", ["plain", "fast"])
+def test_batched_equals_one_by_one_greedy(random_llama, smol_tok, retriever, engine):
+    cfg = _cfg(greedy=True, engine=engine, max_turn_tokens=16, max_searches=1)
+    batched = generate_rollouts(random_llama, smol_tok, RANDOM_QS, None, retriever, cfg)
+    alone = [generate_rollouts(random_llama, smol_tok, [q], None, retriever, cfg)[0] for q in RANDOM_QS]
+    assert _sig(batched) == _sig(alone)
+    split = generate_rollouts(random_llama, smol_tok, RANDOM_QS, None, retriever, replace(cfg, batch_size=3))
+    assert _sig(split) == _sig(batched)
+
+
+def test_seed_reproduces_and_differs(random_llama, smol_tok, retriever):
+    cfg = _cfg(temperature=1.0, seed=7, max_turn_tokens=12, max_searches=1)
+    a = generate_rollouts(random_llama, smol_tok, RANDOM_QS, None, retriever, cfg)
+    b = generate_rollouts(random_llama, smol_tok, RANDOM_QS, None, retriever, cfg)
+    c = generate_rollouts(random_llama, smol_tok, RANDOM_QS, None, retriever, replace(cfg, seed=8))
+    assert _sig(a) == _sig(b)
+    assert _sig(a) != _sig(c)
+
+
+# --- budgets ----------------------------------------------------------------------------
+
+def test_turn_budget_and_invalid_feedback(random_llama, smol_tok, retriever):
+    rs = generate_rollouts(random_llama, smol_tok, RANDOM_QS[:2], None, retriever,
+                           _cfg(greedy=True, max_turn_tokens=5, max_searches=2))
+    for r in rs:
+        turns = r.transcript.turns()
+        assert len(turns) == 3 and all(len(t.token_ids) <= 5 for t in turns)
+        # Random text is no action: feedback after each turn but the final one.
+        assert [s.kind for s in r.transcript.segments] == ["prompt", "turn", "feedback", "turn", "feedback", "turn"]
+        assert r.n_invalid == 3 and r.finish == "final" and r.score == 0.0
+
+
+def test_final_turn_does_not_search(memorized, smol_tok):
+    # max_searches=0: the only turn is the final one; its search is not executed.
+    rs = generate_rollouts(memorized, smol_tok, [KNOWN_Q], [[KNOWN_GOLD]], None, _cfg(greedy=True, max_searches=0))
+    for r in rs:
+        assert [s.kind for s in r.transcript.segments] == ["prompt", "turn"]
+        assert r.transcript.turns()[0].action.kind == "search"
+        assert (r.n_searches, r.finish, r.answer, r.score) == (0, "final", None, 0.0)
+
+
+def test_total_and_observation_budgets(memorized, smol_tok, retriever):
+    encode = encoder_for(smol_tok)
+    prompt_len = len(encode(protocol.render_prompt(KNOWN_Q, smol_tok)))
+    rs = generate_rollouts(memorized, smol_tok, [KNOWN_Q], [[KNOWN_GOLD]], retriever,
+                           _cfg(greedy=True, max_total_tokens=prompt_len + 10))
+    # The cut turn is invalid (feedback follows), then the total budget ends the episode.
+    assert rs[0].finish == "budget" and rs[0].n_generated == 10 and rs[0].prompt_length == prompt_len
+    assert [s.kind for s in rs[0].transcript.segments] == ["prompt", "turn", "feedback"]
+    rs = generate_rollouts(memorized, smol_tok, [KNOWN_Q], [[KNOWN_GOLD]], retriever,
+                           _cfg(greedy=True, max_obs_tokens=24))
+    info = rs[0].transcript.searches()[0]
+    assert len(encode(info.text)) <= 24 and info.text.endswith("</information>\n\n")
+
+
+def test_evaluate_em_is_greedy(memorized, smol_tok, retriever):
+    examples = [{"question": KNOWN_Q, "golden_answers": [KNOWN_GOLD]}] * 2
+    res = evaluate_em(memorized, smol_tok, examples, retriever, _cfg(temperature=5.0, seed=1))
+    assert res["n"] == 2 and res["em"] == 1.0 and res["searches"] == 1.0 and res["invalid"] == 0.0
+
+
+def test_fast_engine_grows_its_cache_across_calls(random_llama, smol_tok):
+    eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), check_every=4, length_bucket=16)
+    plain = PlainDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())
+    g = Sampling(greedy=True)
+    for prefixes, new in (([[5, 6, 7]], 3), ([[1] * 40, [2, 3]], 30), ([[9]], 2)):
+        got = eng.decode(prefixes, [new] * len(prefixes), g, None)
+        want = plain.decode(prefixes, [new] * len(prefixes), g, None)
+        assert [o.ids for o in got] == [o.ids for o in want]
+        assert all(len(o.ids) == new for o in got)
+
+
+# --- the real Qwen vocabulary --------------------------------------------------------------
+
+@pytest.mark.shared
+def test_qwen_tokenizer_fast_equals_plain_and_logprobs(qwen_dir, retriever):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(qwen_dir))
+    model = tiny_model("qwen2", len(tok), seed=2)
+    cfg = _cfg(temperature=1.0, seed=4, max_turn_tokens=16, max_searches=1)
+    got = [generate_rollouts(model, tok, RANDOM_QS, None, retriever, replace(cfg, engine=e))
+           for e in ("plain", "fast")]
+    assert _sig(got[0]) == _sig(got[1])
+    r = got[1][0]
+    assert r.transcript.prompt.startswith("<|im_start|>") and r.transcript.prompt.endswith("assistant\n")
+    ref = _fwd_logprobs(model, r.token_ids)
+    assert all(abs(lp - w) < 1e-4 for lp, w, m in zip(r.logprobs, ref, r.loss_mask) if m)

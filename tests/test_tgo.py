@@ -1,0 +1,118 @@
+"""`train tgo`: teacher trajectories, correct ones only, incremental and resumable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import test_rollout_support as support  # noqa: E402
+from cli_helpers import assert_one_line_error, invoke  # noqa: E402
+from dgpo_edge.train.rollout import RolloutConfig  # noqa: E402
+from dgpo_edge.train.tgo import TgoConfig, generate_teacher_trajectories, progress_path  # noqa: E402
+from test_rollout_support import CORPUS, EPISODES  # noqa: E402
+
+from dgpo_edge.datasets import QAExample  # noqa: E402
+from dgpo_edge.protocol import ProtocolConfig  # noqa: E402
+
+# The memorizer knows q0 only; it answers the others with q0's answer (wrong).
+EXAMPLES = [QAExample(f"q{i}", q, (gold,), "test") for i, (q, gold, _, _) in enumerate(EPISODES)] + [
+    QAExample("q3", "What is the capital of Latveria", ("Doomstadt",), "test")]
+
+
+@pytest.fixture(scope="module")
+def smol_tok(request, tmp_path_factory):
+    return support.smol_tok_fixture(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def retriever(tmp_path_factory):
+    r = support.bm25_retriever(tmp_path_factory.mktemp("bm25"))
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def memorized(smol_tok, retriever, request, tmp_path_factory):
+    return support.memorized_fixture(smol_tok, retriever, request, tmp_path_factory)
+
+
+def _config(n=3, batch_size=6, seed=0):
+    # Temperature 0.3: the memorizer stays mostly right, so both kept and dropped samples occur.
+    return TgoConfig(n=n, rollout=RolloutConfig(protocol=ProtocolConfig(max_turn_tokens=48),
+                                                temperature=0.3, seed=seed, batch_size=batch_size))
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_tgo_keeps_correct_trajectories_in_the_oracle_shape(memorized, smol_tok, retriever, tmp_path):
+    out = tmp_path / "tgo.jsonl"
+    stats = generate_teacher_trajectories(memorized, smol_tok, EXAMPLES, retriever, out, _config(), teacher="mem")
+    rows = _rows(out)
+    assert stats.processed == 4 and stats.samples == 12 and stats.written == len(rows) > 0
+    assert {r["id"] for r in rows} == {"q0"}
+    for r in rows:
+        assert set(r) >= {"id", "question", "golden_answers", "response", "segments"}
+        assert r["segments"][0]["kind"] == "turn"                   # the prompt is not stored
+        assert r["response"] == "".join(s["text"] for s in r["segments"])
+        assert f"<answer> {r['golden_answers'][0]} </answer>" in r["response"]
+    progress = _rows(progress_path(out))
+    assert [p["id"] for p in progress] == ["q0", "q1", "q2", "q3"]
+    assert sum(p["written"] for p in progress) == len(rows) and progress[0]["correct"] > 0
+
+    # The SFT/KD trainer's reader takes the file as it takes oracle.jsonl.
+    from dgpo_edge.train.data import load_trajectories
+
+    examples, load_stats = load_trajectories(out, smol_tok, max_length=4096)
+    assert load_stats.kept == len(rows) and all(sum(e.mask) > 0 for e in examples)
+
+
+def test_tgo_resumes_without_repeating_questions(memorized, smol_tok, retriever, tmp_path):
+    full = tmp_path / "full.jsonl"
+    generate_teacher_trajectories(memorized, smol_tok, EXAMPLES, retriever, full, _config(batch_size=3))
+    # A crash after the first chunk (one question per chunk at n=3, batch 3), mid-write of the second.
+    out = tmp_path / "resumed.jsonl"
+    generate_teacher_trajectories(memorized, smol_tok, EXAMPLES[:1], retriever, out, _config(batch_size=3))
+    first = out.read_text()
+    with open(out, "a") as f:
+        f.write('{"id": "q1", "question": "torn')
+    stats = generate_teacher_trajectories(memorized, smol_tok, EXAMPLES, retriever, out, _config(batch_size=3))
+    assert stats.skipped == 1 and stats.processed == 3
+    assert out.read_text().startswith(first)
+    # Same chunks, same seeds: the resumed file equals the uninterrupted one.
+    assert out.read_text() == full.read_text()
+    again = generate_teacher_trajectories(memorized, smol_tok, EXAMPLES, retriever, out, _config(batch_size=3))
+    assert (again.skipped, again.processed) == (4, 0) and out.read_text() == full.read_text()
+
+
+def test_tgo_command_end_to_end_and_bad_input(memorized, smol_tok, tmp_path):
+    teacher = tmp_path / "teacher"
+    memorized.save_pretrained(teacher)
+    smol_tok.save_pretrained(teacher)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in CORPUS))
+    index = tmp_path / "index"
+    assert invoke("index", "build", corpus, "--out", index, "--kind", "bm25").exit_code == 0
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"id": e.id, "question": e.question, "golden_answers": list(e.answers)})
+                            + "\n" for e in EXAMPLES))
+    out = tmp_path / "out" / "tgo.jsonl"
+    args = ["train", "tgo", "--teacher", teacher, "--data", data, "--index", index, "--out", out,
+            "--n", 2, "--limit", 3, "--temperature", 0.3, "--batch-size", 6, "--max-turn-tokens", 48]
+    res = invoke(*args)
+    assert res.exit_code == 0, res.output
+    assert "3 questions sampled (0 already done)" in res.flat
+    assert {r["id"] for r in _rows(out)} == {"q0"}
+    res = invoke(*args)
+    assert res.exit_code == 0 and "0 questions sampled (3 already done)" in res.flat
+
+    assert_one_line_error(invoke(*args[:2], "--teacher", tmp_path / "nope", *args[4:]), "nope",
+                          "not a transformers model folder")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "x", "golden_answers": ["y"]}\n{oops\n')
+    assert_one_line_error(invoke(*args[:4], "--data", bad, *args[6:]), "bad.jsonl", "line 2")

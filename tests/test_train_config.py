@@ -1,0 +1,121 @@
+"""Training configs: YAML + overrides, validation errors naming the file and key, exit status 2."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from cli_helpers import assert_one_line_error, invoke
+from dgpo_edge.train.config import (
+    KDConfig,
+    SFTConfig,
+    load_config,
+    resolve_path,
+    write_resolved,
+)
+
+from dgpo_edge.errors import InputError
+
+CONFIGS = Path(__file__).resolve().parents[1] / "train" / "configs"
+GOOD = "run: {out_dir: out/x}\nmodel: {path: m}\ndata: {train: t.jsonl}\n"
+
+
+def _yaml(tmp_path, text, name="c.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_overrides_and_yaml_floats(tmp_path):
+    path = _yaml(tmp_path, GOOD + "optim: {lr: 1e-5, batch_size: 4}\nkd: {teacher: t}\n")
+    c = load_config(KDConfig, path, ["optim.grad_accum=8", "kd.loss=jsd", "data.limit=null", "chunk_size=0"])
+    assert c.optim.lr == 1e-5 and isinstance(c.optim.lr, float)  # YAML 1.1 reads "1e-5" as a string
+    assert (c.optim.batch_size, c.optim.grad_accum, c.kd.loss, c.chunk_size) == (4, 8, "jsd", 0)
+    assert c.data.limit is None and c.optim.schedule == "cosine" and c.kd.temperature == 1.0
+
+
+def test_resolved_config_round_trips(tmp_path):
+    c = load_config(SFTConfig, _yaml(tmp_path, GOOD), ["model.random_init={num_hidden_layers: 2}"])
+    written = write_resolved(c, tmp_path / "run")
+    assert written.read_text().startswith("# resolved sft config")
+    assert load_config(SFTConfig, written) == c
+
+
+@pytest.mark.parametrize("text, overrides, needle", [
+    (GOOD + "optim: {lrr: 1}\n", [], "unknown key 'optim.lrr'"),
+    (GOOD + "bogus: {}\n", [], "unknown key 'bogus'"),
+    (GOOD + "optim: 3\n", [], "'optim' must be a mapping"),
+    (GOOD + "optim: {batch_size: two}\n", [], "key 'optim.batch_size' must be an integer"),
+    (GOOD + "optim: {batch_size: 1.5}\n", [], "key 'optim.batch_size' must be an integer"),
+    (GOOD + "run: {out_dir: x, resume: maybe}\n", [], "key 'run.resume' must be true/false"),
+    (GOOD, ["optim.lr=abc"], "override 'optim.lr' must be a number"),
+    (GOOD, ["optim.nope=1"], "override 'optim.nope': unknown key"),
+    (GOOD, ["nope.lr=1"], "override 'nope': unknown section"),
+    (GOOD, ["optim.lr"], "is not key=value"),
+    (GOOD, ["optim.lr=0"], "key 'optim.lr' must be > 0"),
+    (GOOD, ["optim.schedule=step"], "key 'optim.schedule' must be one of"),
+    (GOOD, ["optim.warmup_ratio=1"], "key 'optim.warmup_ratio'"),
+    (GOOD, ["data.dev=dev.jsonl"], "key 'data.retriever' is required"),
+    ("run: {out_dir: x}\nmodel: {path: m}\n", [], "key 'data.train' is required"),
+    ("- a\n- b\n", [], "expected a mapping"),
+    ("run: [unclosed\n", [], "malformed YAML"),
+])
+def test_validation_errors_name_the_file_and_key(tmp_path, text, overrides, needle):
+    path = _yaml(tmp_path, text)
+    with pytest.raises(InputError) as info:
+        load_config(SFTConfig, path, overrides)
+    assert needle in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    ([], "key 'kd.teacher' is required"),
+    (["kd.teacher=t", "kd.loss=kl"], "key 'kd.loss' must be one of"),
+    (["kd.teacher=t", "kd.jsd_beta=1"], "key 'kd.jsd_beta'"),
+    (["kd.teacher=t", "kd.on_policy=0.5", "kd.loss=seqkd"], "needs a soft-target loss"),
+    (["kd.teacher=t", "kd.temperature=0"], "key 'kd.temperature'"),
+])
+def test_kd_validation(tmp_path, overrides, needle):
+    with pytest.raises(InputError, match=needle):
+        load_config(KDConfig, _yaml(tmp_path, GOOD), overrides)
+
+
+def test_shipped_configs_are_valid():
+    stages = {"sft": SFTConfig, "kd": KDConfig}
+    names = sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("accelerate-"))
+    assert {"tiny-cpu-sft.yaml", "tiny-cpu-kd.yaml", "factbook-teacher-sft.yaml", "factbook-kd.yaml",
+            "qwen2.5-3b-to-0.5b-kd.yaml"} <= set(names)
+    for name in names:
+        text = (CONFIGS / name).read_text()
+        header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+        launch = re.search(rf"train (sft|kd) --config train/configs/{re.escape(name)}", header)  # launch command
+        assert launch, name
+        load_config(stages[launch.group(1)], CONFIGS / name)
+
+
+def test_pkg_paths_resolve_inside_an_installed_package():
+    assert resolve_path("pkg://dgpo_edge/protocol.py").endswith("dgpo_edge/protocol.py")
+    assert resolve_path("plain/path") == "plain/path"
+    with pytest.raises(InputError, match="not installed"):
+        resolve_path("pkg://no_such_package_xyz/file.gguf")
+
+
+# --- through the CLI: one `error:` line, exit status 2 ---------------------------------------
+
+def test_cli_missing_config(tmp_path):
+    result = invoke("train", "sft", "--config", tmp_path / "nope.yaml")
+    assert_one_line_error(result, "nope.yaml", "no such config file")
+
+
+def test_cli_bad_key_and_override(tmp_path):
+    path = _yaml(tmp_path, GOOD + "optim: {lrr: 1}\n")
+    assert_one_line_error(invoke("train", "sft", "--config", path), "c.yaml", "unknown key 'optim.lrr'")
+    path = _yaml(tmp_path, GOOD + "kd: {teacher: t}\n", "k.yaml")
+    assert_one_line_error(invoke("train", "kd", "--config", path, "kd.loss=bogus"), "k.yaml", "kd.loss")
+
+
+def test_cli_missing_model_and_bad_trajectories(tmp_path):
+    path = _yaml(tmp_path, f"run: {{out_dir: {tmp_path / 'run'}}}\nmodel: {{path: {tmp_path / 'no-model'}}}\n"
+                           f"data: {{train: {tmp_path / 't.jsonl'}}}\n")
+    assert_one_line_error(invoke("train", "sft", "--config", path), "no-model", "no such model")
+    assert not (tmp_path / "run").exists()  # nothing written before the inputs are known good

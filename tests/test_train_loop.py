@@ -1,0 +1,174 @@
+"""The training loop end to end on tiny real models: SFT, KD, resume, eval hook, checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("accelerate")
+
+from train_helpers import (
+    read_metrics,
+    smol_tokenizer_dir,
+    tiny_model_dir,
+    write_config,
+    write_toy_data,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("toy")
+    tok = smol_tokenizer_dir(tmp_path_factory)
+    return {"student": tiny_model_dir(tok, root / "student", seed=0),
+            "teacher": tiny_model_dir(tok, root / "teacher", seed=1, num_hidden_layers=3),
+            **write_toy_data(root / "data")}
+
+
+def _sft(config: Path, **kw):
+    from dgpo_edge.train.config import SFTConfig, load_config
+    from dgpo_edge.train.sft import run_sft
+
+    return run_sft(load_config(SFTConfig, config), **kw)
+
+
+def _kd(config: Path, overrides=()):
+    from dgpo_edge.train.config import KDConfig, load_config
+    from dgpo_edge.train.kd import run_kd
+
+    return run_kd(load_config(KDConfig, config, list(overrides)))
+
+
+def _weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def test_sft_loss_falls_and_every_parameter_changes(toy, tmp_path):
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
+                          optim={"max_steps": 12, "batch_size": 4, "lr": 2e-2, "schedule": "constant"}, log={"every": 1, "tensorboard": True})
+    summary = _sft(config)
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    losses = [float(r["loss"]) for r in rows]
+    assert [int(r["step"]) for r in rows] == list(range(1, 13)) and summary["steps"] == 12
+    assert losses[-1] < 0.6 * losses[0], losses
+    before, after = _weights(toy["student"]), _weights(tmp_path / "run" / "checkpoints" / "last")
+    assert before.keys() == after.keys()
+    unchanged = [k for k in before if (before[k] == after[k]).all()]
+    assert not unchanged, unchanged
+    # what a run leaves behind
+    run = tmp_path / "run"
+    assert (run / "config.yaml").read_text().startswith("# resolved sft config")
+    assert json.loads((run / "summary.json").read_text())["tokens"] > 0
+    assert any((run / "tb").iterdir())
+    assert (run / "checkpoints" / "last" / "tokenizer.json").is_file()
+    made = json.loads((run / "checkpoints" / "last" / "dgpo_edge.json").read_text())
+    assert made["made_by"] == "dgpo-edge train sft" and made["step"] == 12
+    assert len(made["train_data"]["sha256"]) == 64
+    assert not (run / "checkpoints" / ".last.tmp").exists()
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_resume_after_interruption_gives_the_same_next_metrics(toy, tmp_path):
+    common = {"optim": {"max_steps": 6, "batch_size": 2, "grad_accum": 2, "warmup_ratio": 0.3},
+              "log": {"every": 1, "save_every": 2, "tensorboard": False, "progress": False}}
+    straight = write_config(tmp_path / "a.yaml", toy["student"], toy["train"], tmp_path / "a", **common)
+    _sft(straight)
+    broken = write_config(tmp_path / "b.yaml", toy["student"], toy["train"], tmp_path / "b", **common)
+
+    def crash_at_3(step, stats):
+        if step == 3:  # after the checkpoint at step 2, before the one at step 4
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        _sft(broken, on_step=crash_at_3)
+    state = json.loads((tmp_path / "b" / "checkpoints" / "last" / "trainer_state.json").read_text())
+    assert state["step"] == 2
+    _sft(broken)  # resumes from step 2
+    a = read_metrics(tmp_path / "a" / "metrics.csv")
+    b = read_metrics(tmp_path / "b" / "metrics.csv")
+    assert [r["step"] for r in b] == [str(s) for s in range(1, 7)]  # no duplicated or missing rows
+    for ra, rb in zip(a, b):
+        assert float(ra["loss"]) == pytest.approx(float(rb["loss"]), rel=1e-6, abs=1e-7), (ra, rb)
+        assert float(ra["lr"]) == pytest.approx(float(rb["lr"]), rel=1e-9)
+        assert ra["tokens"] == rb["tokens"]
+    wa, wb = _weights(tmp_path / "a" / "checkpoints" / "last"), _weights(tmp_path / "b" / "checkpoints" / "last")
+    for k in wa:
+        assert (wa[k] - wb[k]).abs().max() < 1e-5, k
+
+
+@pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl", "jsd", "seqkd"])
+def test_kd_losses_train_the_student(toy, tmp_path, loss):
+    config = write_config(tmp_path / "kd.yaml", toy["student"], toy["train"], tmp_path / "run",
+                          optim={"max_steps": 3, "batch_size": 2, "lr": 1e-2},
+                          kd={"teacher": str(toy["teacher"]), "loss": loss, "temperature": 2.0})
+    summary = _kd(config, ["chunk_size=5000"])  # several vocabulary chunks
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    assert summary["steps"] == 3 and len(rows) == 3
+    assert all(float(r["loss"]) >= 0 for r in rows)
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    before, after = _weights(toy["student"]), _weights(tmp_path / "run" / "checkpoints" / "last")
+    assert all(not (before[k] == after[k]).all() for k in before)
+
+
+def test_kd_on_policy_mixing_samples_from_the_student(toy, tmp_path):
+    from dgpo_edge.train import kd as kd_module
+
+    calls = []
+    real = kd_module.on_policy_turn
+
+    def spy(lm, tokenizer, examples, max_new_tokens):
+        out = real(lm, tokenizer, examples, max_new_tokens)
+        calls.append(out)
+        return out
+
+    kd_module.on_policy_turn = spy
+    try:
+        config = write_config(tmp_path / "kd.yaml", toy["student"], toy["train"], tmp_path / "run",
+                              optim={"max_steps": 2, "batch_size": 2},
+                              kd={"teacher": str(toy["teacher"]), "loss": "jsd", "on_policy": 1.0,
+                                  "max_new_tokens": 6})
+        _kd(config)
+    finally:
+        kd_module.on_policy_turn = real
+    assert len(calls) == 2
+    for example in calls[0]:
+        generated = sum(example.mask)
+        assert 1 <= generated <= 6
+        assert example.mask[:example.prompt_len] == [0] * example.prompt_len
+
+
+def test_kd_refuses_a_teacher_with_another_vocabulary(toy, tmp_path):
+    from dgpo_edge.errors import InputError
+
+    other = tiny_model_dir(toy["student"], tmp_path / "other", vocab_size=1000)
+    config = write_config(tmp_path / "kd.yaml", toy["student"], toy["train"], tmp_path / "run",
+                          kd={"teacher": str(other)})
+    with pytest.raises(InputError, match="vocabulary"):
+        _kd(config)
+
+
+def test_dev_em_hook_keeps_best_and_last(toy, tmp_path):
+    pytest.importorskip("dgpo_edge.train.rollout")
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
+                          optim={"max_steps": 2, "batch_size": 2},
+                          data={"dev": str(toy["dev"]), "retriever": str(toy["corpus"])},
+                          eval={"every": 1, "at_start": True, "max_turn_tokens": 8, "engine": "plain"})
+    summary = _sft(config)
+    rows = read_metrics(tmp_path / "run" / "eval.csv")
+    assert [r["step"] for r in rows] == ["0", "1", "2"]
+    assert all(r["dev_n"] == "2" and 0.0 <= float(r["dev_em"]) <= 1.0 for r in rows)
+    assert summary["best_step"] == 0  # random weights: EM stays 0, so the first evaluation stays best
+    assert 0 < summary["eval_s"] < summary["elapsed_s"]  # three evaluations, all inside the wall time
+    best = tmp_path / "run" / "checkpoints" / "best"
+    assert json.loads((best / "dgpo_edge.json").read_text())["step"] == 0
+    assert (best / "model.safetensors").is_file() and (best / "tokenizer.json").is_file()

@@ -1,0 +1,363 @@
+"""Training configs: one dataclass per stage, read from YAML plus `key=value` overrides.
+
+A config is a tree of small section dataclasses (`run`, `model`, `data`, `optim`,
+`eval`, `log`, and `kd` for distillation). YAML mirrors that tree; an override
+names a leaf with a dotted key (`optim.lr=2e-5`). Every problem - an unknown key,
+a wrong type, a value out of range - raises InputError naming the YAML file and
+the key, which the CLI prints as one `error:` line with exit status 2.
+
+The resolved config (after overrides) is written into the run directory, so a
+run records exactly what produced it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dgpo_edge.errors import InputError
+
+PKG_SCHEME = "pkg://"
+
+
+# --- sections -------------------------------------------------------------------
+
+@dataclass
+class RunSection:
+    """Where the run lives and how it starts."""
+
+    out_dir: str = ""            # run directory: config, checkpoints/{last,best}, metrics.csv, tb/
+    seed: int = 0                # seeds model init (random_init), data order and sampling
+    resume: bool = True          # continue from out_dir/checkpoints/last when it exists
+    precision: str = "auto"      # auto (bf16 on a GPU that has it, else fp32) | bf16 | fp32
+
+
+@dataclass
+class ModelSection:
+    """The model being trained."""
+
+    path: str = ""               # transformers dir, a .gguf file, or pkg://package/file.gguf
+    tokenizer: str | None = None  # defaults to `path`
+    random_init: dict | None = None  # build a random model from path's config with these overrides
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class DataSection:
+    """Trajectories to train on and questions to evaluate on."""
+
+    train: str = ""              # trajectories jsonl (FactbookQA oracle.jsonl or `train tgo` output)
+    dev: str | None = None       # QA file for dev EM (any format dgpo_edge.datasets reads)
+    retriever: str | None = None  # for dev EM: an index dir (open_index) or a corpus .jsonl (BM25 in memory)
+    max_length: int = 2048       # longer trajectories are dropped (never cut mid-turn)
+    only_correct: bool = True    # keep trajectories whose final answer matches a gold answer
+    chat_template: bool = True   # wrap the Search-R1 prompt in the tokenizer's chat template
+    limit: int | None = None     # use only the first N trajectories
+    dev_limit: int | None = 200  # evaluate on the first N dev questions
+
+
+@dataclass
+class OptimSection:
+    """AdamW with warmup and a decay schedule."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    schedule: str = "cosine"     # cosine | linear | constant (after warmup)
+    warmup_ratio: float = 0.1    # share of all steps spent warming up linearly from 0
+    epochs: float = 1.0          # used when max_steps is 0
+    max_steps: int = 0           # optimizer steps; 0 = derived from epochs
+    batch_size: int = 8          # trajectories per micro-batch per process
+    grad_accum: int = 1          # micro-batches per optimizer step
+    grad_clip: float = 1.0       # max global grad norm; 0 = off
+
+
+@dataclass
+class EvalSection:
+    """Dev EM through greedy multi-turn rollouts."""
+
+    every: int = 0               # optimizer steps between evaluations; 0 = only at the end
+    at_start: bool = False       # also evaluate before the first step (the "before" number)
+    batch_size: int = 32         # rollouts generated together
+    max_turn_tokens: int = 500   # new tokens per turn (DGPO: 500)
+    engine: str = "auto"         # rollout decoder: auto | fast (static cache, CUDA graphs) | plain
+    best_metric: str = "dev_em"  # checkpoints/best keeps the highest value of this metric
+
+
+@dataclass
+class LogSection:
+    """Metrics and checkpoints."""
+
+    every: int = 10              # optimizer steps between metric rows
+    save_every: int = 0          # optimizer steps between checkpoints/last; 0 = at evals and the end
+    tensorboard: bool = True     # out_dir/tb
+    wandb: bool = False          # Weights & Biases, only when asked (and installed)
+    wandb_project: str = "dgpo-edge"
+    progress: bool = True        # rich progress bar on the main process
+
+
+@dataclass
+class KDSection:
+    """Distillation from a frozen teacher on teacher-forced trajectories."""
+
+    teacher: str = ""            # teacher model (same vocabulary as the student)
+    loss: str = "forward_kl"     # forward_kl | reverse_kl | jsd | seqkd
+    temperature: float = 1.0     # softens both distributions (losses are scaled by T^2)
+    jsd_beta: float = 0.5        # generalized JSD interpolation, 0 < beta < 1
+    on_policy: float = 0.0       # GKD: share of batches whose first turn the student samples itself
+    max_new_tokens: int = 128    # length of an on-policy sample
+
+
+@dataclass
+class SFTConfig:
+    """`dgpo-edge train sft`: cross-entropy on the generated tokens of trajectories."""
+
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    log: LogSection = field(default_factory=LogSection)
+    chunk_size: int = 8192       # vocabulary columns per loss chunk; 0 = whole vocabulary
+
+    stage = "sft"
+
+
+@dataclass
+class KDConfig(SFTConfig):
+    """`dgpo-edge train kd`: cold-start distillation (forward KL by default)."""
+
+    kd: KDSection = field(default_factory=KDSection)
+
+    stage = "kd"
+
+
+KD_LOSSES = ("forward_kl", "reverse_kl", "jsd", "seqkd")
+SCHEDULES = ("cosine", "linear", "constant")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+# --- loading --------------------------------------------------------------------
+
+def load_config(cls: type, path: str | Path, overrides: list[str] = ()) -> Any:
+    """Read `path` (YAML), apply `key=value` overrides, validate; InputError on any problem."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such config file", path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 ({e.reason})", path) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = None if mark is None else mark.line + 1
+        raise InputError(f"malformed YAML: {getattr(e, 'problem', e)}", path, line) from None
+    if not isinstance(raw, dict):
+        raise InputError(f"expected a mapping of sections, got {type(raw).__name__}", path)
+    config = _build(cls, raw, path, prefix="")
+    for item in overrides:
+        apply_override(config, item, path)
+    validate(config, path)
+    return config
+
+
+def apply_override(config: Any, item: str, where: Path | str) -> None:
+    """Set one dotted `key=value`; the value is parsed as YAML (`true`, `3`, `[1, 2]`)."""
+    import yaml
+
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise InputError(f"override {item!r} is not key=value", where)
+    key = key.strip()
+    *parents, leaf = key.split(".")
+    target = config
+    for i, name in enumerate(parents):
+        target = _child(target, name, ".".join(parents[:i + 1]), where)
+    hints = _hints(type(target))
+    if leaf not in hints or not dataclasses.is_dataclass(target):
+        raise InputError(f"override {key!r}: unknown key{_known(target)}", where)
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    setattr(target, leaf, _coerce(value, hints[leaf], key, where, f"override {key!r}"))
+
+
+def to_dict(config: Any) -> dict:
+    return dataclasses.asdict(config)
+
+
+def write_resolved(config: Any, out_dir: Path) -> Path:
+    """Write the resolved config to out_dir/config.yaml (atomically)."""
+    import yaml
+
+    from dgpo_edge.jsonio import write_text
+
+    path = Path(out_dir) / "config.yaml"
+    header = f"# resolved {config.stage} config (written by dgpo-edge train {config.stage})\n"
+    write_text(path, header + yaml.safe_dump(to_dict(config), sort_keys=False))
+    return path
+
+
+def resolve_path(spec: str) -> str:
+    """Expand `pkg://package/file` to a file inside an installed package (without importing it)."""
+    if not spec.startswith(PKG_SCHEME):
+        return spec
+    package, _, rel = spec[len(PKG_SCHEME):].partition("/")
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise InputError(f"package {package!r} is not installed", spec)
+    return str(Path(next(iter(found.submodule_search_locations))) / rel)
+
+
+# --- building and checking -------------------------------------------------------------
+
+def _build(cls: type, raw: dict, path: Path, prefix: str) -> Any:
+    hints = _hints(cls)
+    unknown = sorted(set(raw) - set(hints))
+    if unknown:
+        key = prefix + str(unknown[0])
+        raise InputError(f"unknown key {key!r} (known: {', '.join(sorted(hints))})", path)
+    values = {}
+    for name, value in raw.items():
+        key = prefix + name
+        hint = hints[name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise InputError(f"{key!r} must be a mapping of settings", path)
+            values[name] = _build(hint, value, path, key + ".")
+        else:
+            values[name] = _coerce(value, hint, key, path, f"key {key!r}")
+    return cls(**values)
+
+
+def _coerce(value: Any, hint: Any, key: str, path: Path | str, label: str) -> Any:
+    """Check `value` against a field's type, converting only where it is lossless."""
+    options = typing.get_args(hint) if _is_union(hint) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise InputError(f"{label} needs a value", path)
+    for opt in options:
+        if opt is bool and isinstance(value, bool):
+            return value
+        if opt is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if opt is float and not isinstance(value, bool):
+            if isinstance(value, (int, float)):
+                return float(value)
+            if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+                try:
+                    return float(value)
+                except ValueError:
+                    pass
+        if opt is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        if (opt is dict or typing.get_origin(opt) is dict) and isinstance(value, dict):
+            return value
+    want = " or ".join(_type_name(o) for o in options)
+    return _raise(f"{label} must be {want}, got {value!r}", path)
+
+
+def _raise(message: str, path: Path | str) -> Any:
+    raise InputError(message, path)
+
+
+def validate(config: Any, path: Path | str) -> None:
+    """Range and presence checks, each naming the offending key."""
+    def bad(key: str, why: str) -> None:
+        raise InputError(f"key {key!r} {why}", path)
+
+    if not config.run.out_dir:
+        bad("run.out_dir", "is required")
+    if config.run.precision not in PRECISIONS:
+        bad("run.precision", f"must be one of {', '.join(PRECISIONS)}")
+    if not config.model.path:
+        bad("model.path", "is required")
+    if not config.data.train:
+        bad("data.train", "is required")
+    if config.data.max_length < 8:
+        bad("data.max_length", "must be >= 8")
+    o = config.optim
+    if not o.lr > 0:
+        bad("optim.lr", "must be > 0")
+    if o.schedule not in SCHEDULES:
+        bad("optim.schedule", f"must be one of {', '.join(SCHEDULES)}")
+    if not 0 <= o.warmup_ratio < 1:
+        bad("optim.warmup_ratio", "must be in [0, 1)")
+    for key, value in (("optim.batch_size", o.batch_size), ("optim.grad_accum", o.grad_accum)):
+        if value < 1:
+            bad(key, "must be >= 1")
+    if o.max_steps < 0 or (o.max_steps == 0 and not o.epochs > 0):
+        bad("optim.max_steps", "must be > 0, or optim.epochs > 0")
+    if o.grad_clip < 0:
+        bad("optim.grad_clip", "must be >= 0")
+    for key, value in (("eval.every", config.eval.every), ("log.save_every", config.log.save_every),
+                       ("chunk_size", config.chunk_size)):
+        if value < 0:
+            bad(key, "must be >= 0")
+    if config.log.every < 1:
+        bad("log.every", "must be >= 1")
+    if config.eval.engine not in ("auto", "fast", "plain"):
+        bad("eval.engine", "must be one of auto, fast, plain")
+    if config.eval.max_turn_tokens < 1 or config.eval.batch_size < 1:
+        bad("eval.max_turn_tokens" if config.eval.max_turn_tokens < 1 else "eval.batch_size", "must be >= 1")
+    if config.data.dev and not config.data.retriever:
+        bad("data.retriever", "is required when data.dev is set (dev EM searches)")
+    if isinstance(config, KDConfig):
+        _validate_kd(config.kd, bad)
+
+
+def _validate_kd(kd: KDSection, bad) -> None:
+    if not kd.teacher:
+        bad("kd.teacher", "is required")
+    if kd.loss not in KD_LOSSES:
+        bad("kd.loss", f"must be one of {', '.join(KD_LOSSES)}")
+    if not kd.temperature > 0:
+        bad("kd.temperature", "must be > 0")
+    if not 0 < kd.jsd_beta < 1:
+        bad("kd.jsd_beta", "must be in (0, 1)")
+    if not 0 <= kd.on_policy <= 1:
+        bad("kd.on_policy", "must be in [0, 1]")
+    if kd.on_policy > 0 and kd.loss == "seqkd":
+        bad("kd.on_policy", "needs a soft-target loss (forward_kl, reverse_kl or jsd), not seqkd")
+    if kd.max_new_tokens < 1:
+        bad("kd.max_new_tokens", "must be >= 1")
+
+
+# --- small helpers -----------------------------------------------------------------
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _child(obj: Any, name: str, key: str, where: Path | str) -> Any:
+    if not dataclasses.is_dataclass(obj) or name not in _hints(type(obj)):
+        raise InputError(f"override {key!r}: unknown section{_known(obj)}", where)
+    child = getattr(obj, name)
+    if not dataclasses.is_dataclass(child):
+        raise InputError(f"override {key!r}: not a section", where)
+    return child
+
+
+def _known(obj: Any) -> str:
+    return f" (known: {', '.join(sorted(_hints(type(obj))))})" if dataclasses.is_dataclass(obj) else ""
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _type_name(t: Any) -> str:
+    return {type(None): "null", bool: "true/false", int: "an integer", float: "a number",
+            str: "a string", dict: "a mapping"}.get(t, "a mapping" if typing.get_origin(t) is dict else str(t))

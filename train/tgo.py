@@ -1,0 +1,158 @@
+"""Teacher-generated trajectories (`dgpo-edge train tgo`): sample, keep the correct ones.
+
+For each question the teacher plays `n` sampled episodes (train/rollout.py);
+episodes whose answer exactly matches a gold alias are written, one JSON line
+each, in the shape of FactbookQA's `oracle.jsonl` (`id`, `question`,
+`golden_answers`, `response`, `segments` after the prompt), so the SFT/KD
+reader (`train/data.py`) serves both. Turn segments keep the `token_ids` the
+teacher sampled. Identical responses to one question are written once.
+
+Resumable: questions are processed in chunks; after each chunk its rows are
+appended to the output and one line per question (`id`, samples, correct) to
+`<out>.progress.jsonl`, each with a single write and an fsync. On restart, a
+torn last line is cut off and every question named in either file is
+skipped. Each chunk's seed depends on the run seed and the chunk's position in
+the data, so a run resumed at a chunk boundary writes what an uninterrupted
+one would have (a chunk cut short by a crash is redone, its rows not repeated).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..datasets import QAExample
+from ..errors import InputError
+from ..jsonio import read_jsonl
+from ..retrieval.base import Retriever
+from .rollout import Rollout, RolloutConfig, generate_rollouts, make_engine
+
+
+@dataclass(frozen=True)
+class TgoConfig:
+    """`n` samples per question; `rollout` sets sampling, limits and batch size (episodes)."""
+
+    n: int = 4
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+
+    @property
+    def questions_per_chunk(self) -> int:
+        return max(1, self.rollout.batch_size // self.n)
+
+
+def progress_path(out: str | Path) -> Path:
+    out = Path(out)
+    return out.with_name(out.name + ".progress.jsonl")
+
+
+def trajectory_row(example: QAExample, rollout: Rollout, sample: int, teacher: str) -> dict:
+    """One output line: the oracle.jsonl shape plus where it came from."""
+    segments = rollout.transcript.to_dict()["segments"][1:]  # the prompt depends on the chat template
+    return {"id": example.id, "question": example.question, "golden_answers": list(example.answers),
+            "response": rollout.transcript.response, "segments": segments,
+            "sample": sample, "teacher": teacher, "searches": rollout.n_searches}
+
+
+def _cut_torn_line(path: Path) -> None:
+    """Drop a last line without its newline (a write cut short by a crash)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data.endswith(b"\n"):
+            return
+        f.truncate(data.rfind(b"\n") + 1)
+
+
+def done_ids(out: str | Path) -> set[str]:
+    """Questions already handled: named in the progress file or in the output."""
+    done: set[str] = set()
+    for path in (Path(out), progress_path(out)):
+        if not path.is_file():
+            continue
+        _cut_torn_line(path)
+        for line, row in read_jsonl(path):
+            if "id" not in row:
+                raise InputError("row has no 'id'; not a `train tgo` file", path, line)
+            done.add(str(row["id"]))
+    return done
+
+
+def _append(path: Path, rows: Sequence[dict]) -> None:
+    """Append rows with one write, then fsync (a crash leaves at most one torn line)."""
+    if not rows:
+        return
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@dataclass
+class TgoStats:
+    questions: int = 0          # in the data
+    skipped: int = 0            # already done (resume)
+    processed: int = 0
+    solved: int = 0             # questions with at least one correct sample
+    samples: int = 0
+    correct: int = 0
+    written: int = 0            # rows written (distinct correct responses)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def generate_teacher_trajectories(model: Any, tokenizer: Any, examples: Sequence[QAExample],
+                                  retriever: Retriever | None, out: str | Path,
+                                  config: TgoConfig = TgoConfig(), teacher: str = "",
+                                  on_chunk: Callable[[int], None] | None = None) -> TgoStats:
+    """Sample `config.n` episodes per question and append the correct ones to `out`."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = done_ids(out)
+    stats = TgoStats(questions=len(examples))
+    engine = make_engine(model, tokenizer, config.rollout)
+    per = config.questions_per_chunk
+    for start in range(0, len(examples), per):
+        chunk = [e for e in examples[start:start + per] if e.id not in done]
+        stats.skipped += min(per, len(examples) - start) - len(chunk)
+        if chunk:
+            _run_chunk(model, tokenizer, chunk, retriever, out, config, teacher, start, engine, stats)
+        if on_chunk is not None:
+            on_chunk(min(per, len(examples) - start))
+    return stats
+
+
+def _run_chunk(model, tokenizer, chunk: list[QAExample], retriever, out: Path, config: TgoConfig,
+               teacher: str, start: int, engine, stats: TgoStats) -> None:
+    n = config.n
+    rollout_cfg = replace(config.rollout, seed=config.rollout.seed * 1_000_003 + start)
+    questions = [e.question for e in chunk for _ in range(n)]
+    golds = [e.answers for e in chunk for _ in range(n)]
+    rollouts = generate_rollouts(model, tokenizer, questions, golds, retriever, rollout_cfg, engine=engine)
+    rows, progress = [], []
+    for i, ex in enumerate(chunk):
+        mine = rollouts[i * n:(i + 1) * n]
+        correct = [(j, r) for j, r in enumerate(mine) if r.score > 0]
+        seen: set[str] = set()
+        for j, r in correct:
+            if r.transcript.response not in seen:
+                seen.add(r.transcript.response)
+                rows.append(trajectory_row(ex, r, j, teacher))
+        progress.append({"id": ex.id, "samples": n, "correct": len(correct), "written": len(seen)})
+        stats.solved += bool(correct)
+        stats.correct += len(correct)
+    stats.processed += len(chunk)
+    stats.samples += len(rollouts)
+    stats.written += len(rows)
+    _append(out, rows)
+    _append(progress_path(out), progress)

@@ -1,0 +1,447 @@
+"""The training loop shared by `train sft` and `train kd`.
+
+What it does, in order: seeds; builds an `accelerate.Accelerator` (one process,
+DDP, or DeepSpeed ZeRO - whatever `accelerate launch` set up); AdamW plus a
+warmup-then-decay schedule; gradient accumulation; bf16 autocast where the GPU
+has it; gradient clipping; a metric row every `log.every` steps (metrics.csv,
+TensorBoard, W&B when asked); dev evaluation every `eval.every` steps through
+a hook; checkpoints in transformers format, written atomically, `last` (with
+the optimizer, scheduler and RNG state for resuming) and `best` (by
+`eval.best_metric`).
+
+Resuming: the data order is a pure function of (seed, epoch) and the position
+a pure function of the optimizer step, so a run restarted from
+`checkpoints/last` sees exactly the batches an uninterrupted run would have
+seen next, with the same optimizer state and RNG - and so logs the same
+numbers (a test checks this).
+
+The loss is a hook too: `loss_fn(module, batch) -> (loss, stats)`, where
+`module` is the prepared `losses.MaskedLMLoss` (so DDP and autocast apply).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import json
+import math
+import os
+import resource
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dgpo_edge.errors import InputError
+
+from .config import write_resolved
+from .data import Example, batch_order, collate
+
+TRAIN_COLUMNS = ("step", "epoch", "lr", "loss", "grad_norm", "tokens", "loss_tokens", "tokens_per_s",
+                 "elapsed_s", "peak_mem_gb")
+LossFn = Callable[[Any, dict], tuple[Any, dict]]
+EvalFn = Callable[[Any, int], dict]
+
+
+@dataclass
+class TrainState:
+    """What a resumed run needs besides weights and optimizer state."""
+
+    step: int = 0
+    best: float | None = None
+    best_step: int | None = None
+    elapsed_s: float = 0.0
+    eval_s: float = 0.0          # part of elapsed_s spent evaluating
+    tokens: int = 0
+
+
+def make_accelerator(config: Any) -> Any:
+    """An Accelerator honouring run.precision and optim.grad_accum (and any `accelerate launch` setup)."""
+    import torch
+    from accelerate import Accelerator
+
+    precision = config.run.precision
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+    # cpu=True without a GPU: processes started by `accelerate launch`/torchrun then join over gloo.
+    return Accelerator(gradient_accumulation_steps=config.optim.grad_accum, cpu=not torch.cuda.is_available(),
+                       mixed_precision="bf16" if precision == "bf16" else "no")
+
+
+def lr_lambda(total: int, warmup: int, schedule: str) -> Callable[[int], float]:
+    """Multiplier of the base lr after `step` optimizer steps: linear warmup, then decay to 0."""
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+    return f
+
+
+class Trainer:
+    """Runs one training job; see the module docstring."""
+
+    def __init__(self, config: Any, module: Any, tokenizer: Any, examples: list[Example],
+                 loss_fn: LossFn, accelerator: Any, eval_fn: EvalFn | None = None,
+                 on_step: Callable[[int, dict], None] | None = None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.examples = examples
+        self.loss_fn = loss_fn
+        self.eval_fn = eval_fn
+        self.on_step = on_step
+        self.acc = accelerator
+        self.out = Path(config.run.out_dir)
+        self.ckpt = self.out / "checkpoints"
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.world = accelerator.num_processes
+        self.global_batch = config.optim.batch_size * self.world
+        if len(examples) < self.global_batch:
+            raise InputError(f"{len(examples)} trajectories are fewer than one batch "
+                             f"({config.optim.batch_size} x {self.world} processes)", config.data.train)
+        self.micro_per_epoch = len(batch_order(len(examples), self.global_batch, 0, config.run.seed))
+        steps_per_epoch = max(1, self.micro_per_epoch // config.optim.grad_accum)
+        self.total_steps = config.optim.max_steps or max(1, math.ceil(config.optim.epochs * steps_per_epoch))
+        self._setup_optim(module)
+        self.state = TrainState()
+        self._order_cache: dict[int, list[list[int]]] = {}
+
+    # -- setup -----------------------------------------------------------------------
+    def _setup_optim(self, module: Any) -> None:
+        import torch
+
+        o = self.config.optim
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                      weight_decay=o.weight_decay)
+        _fill_deepspeed_autos(self.acc, o, self.world)
+        warmup = round(o.warmup_ratio * self.total_steps)
+        # Not passed to prepare(): accelerate would step it once per process.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(self.total_steps, warmup, o.schedule))
+        self.module, self.optimizer = self.acc.prepare(module, optimizer)
+        self.acc.register_for_checkpointing(self.scheduler)
+
+    @property
+    def lm(self) -> Any:
+        """The bare causal LM (unwrapped from DDP/DeepSpeed and the loss module)."""
+        return self.acc.unwrap_model(self.module).lm
+
+    def _batch(self, micro: int) -> dict:
+        """This process's share of global micro-batch number `micro` (counted from the start)."""
+        epoch, index = divmod(micro, self.micro_per_epoch)
+        if epoch not in self._order_cache:
+            self._order_cache = {epoch: batch_order(len(self.examples), self.global_batch, epoch,
+                                                    self.config.run.seed)}
+        rows = self._order_cache[epoch][index]
+        bs = self.config.optim.batch_size
+        mine = rows[self.acc.process_index * bs:(self.acc.process_index + 1) * bs] or rows[:bs]
+        batch = collate([self.examples[i] for i in mine], self.pad_id)
+        batch["examples"] = [self.examples[i] for i in mine]
+        batch["micro"] = micro
+        return {k: (v.to(self.acc.device) if hasattr(v, "to") else v) for k, v in batch.items()}
+
+    # -- the loop ----------------------------------------------------------------------
+    def train(self) -> dict:
+        """Train to `total_steps`, resuming when a last checkpoint exists; returns the summary."""
+        self._prepare_run_dir()
+        logger = _Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
+        t_start = time.perf_counter() - self.state.elapsed_s
+        if self.eval_fn and self.config.eval.at_start and self.state.step == 0:
+            self._evaluate(logger)
+        start_step = self.state.step
+        window = {"loss": 0.0, "n": 0, "tokens": 0, "loss_tokens": 0, "t0": time.perf_counter()}
+        with _progress(self.acc.is_main_process and self.config.log.progress, self.total_steps,
+                       start_step, self.config.stage) as advance:
+            while self.state.step < self.total_steps:
+                stats = self._optimizer_step()
+                self.state.step += 1
+                window["loss"] += stats["loss"]
+                window["n"] += 1
+                window["tokens"] += stats["tokens"]
+                window["loss_tokens"] += stats["loss_tokens"]
+                self.state.tokens += stats["tokens"]
+                self.state.elapsed_s = time.perf_counter() - t_start
+                advance(stats["loss"])
+                if self.state.step % self.config.log.every == 0 or self.state.step == self.total_steps:
+                    logger.train_row(self._train_row(window, stats))
+                    window = {"loss": 0.0, "n": 0, "tokens": 0, "loss_tokens": 0, "t0": time.perf_counter()}
+                self._after_step(logger)
+                if self.on_step:
+                    self.on_step(self.state.step, stats)
+        self.state.elapsed_s = time.perf_counter() - t_start  # include the final evaluation and save
+        logger.close()
+        return self._summary()
+
+    def _optimizer_step(self) -> dict:
+        """One optimizer step over grad_accum micro-batches; returns averaged stats."""
+        import torch
+
+        ga = self.config.optim.grad_accum
+        loss_sum, tokens, loss_tokens, grad_norm = 0.0, 0, 0, float("nan")
+        self.module.train()
+        for j in range(ga):
+            batch = self._batch(self.state.step * ga + j)
+            with self.acc.accumulate(self.module):
+                loss, _ = self.loss_fn(self.module, batch)
+                self.acc.backward(loss)
+                if self.acc.sync_gradients:
+                    if self.config.optim.grad_clip > 0:
+                        norm = self.acc.clip_grad_norm_(self.module.parameters(), self.config.optim.grad_clip)
+                        grad_norm = float(norm) if norm is not None else float("nan")
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+            loss_sum += float(loss.detach())
+            tokens += int(batch["attention_mask"].sum())
+            loss_tokens += int(batch["target_mask"].sum())
+        self.scheduler.step()
+        # Average the logged loss over processes so every rank's CSV row is the same number.
+        mean = self.acc.reduce(torch.tensor([loss_sum / ga], device=self.acc.device), reduction="mean")
+        world_tokens = self.acc.reduce(torch.tensor([tokens, loss_tokens], device=self.acc.device),
+                                       reduction="sum")
+        return {"loss": float(mean[0]), "grad_norm": grad_norm, "tokens": int(world_tokens[0]),
+                "loss_tokens": int(world_tokens[1])}
+
+    def _after_step(self, logger: _Loggers) -> None:
+        step = self.state.step
+        every = self.config.eval.every
+        at_end = step == self.total_steps
+        evaluated = False
+        if self.eval_fn and ((every and step % every == 0) or at_end):
+            self._evaluate(logger)
+            evaluated = True
+        save_every = self.config.log.save_every
+        if at_end or evaluated or (save_every and step % save_every == 0):
+            self.save_last()
+
+    def _train_row(self, window: dict, stats: dict) -> dict:
+        dt = max(1e-9, time.perf_counter() - window["t0"])
+        epoch = self.state.step * self.config.optim.grad_accum / self.micro_per_epoch
+        return {"step": self.state.step, "epoch": round(epoch, 4), "lr": self.scheduler.get_last_lr()[0],
+                "loss": window["loss"] / window["n"], "grad_norm": stats["grad_norm"],
+                "tokens": window["tokens"], "loss_tokens": window["loss_tokens"],
+                "tokens_per_s": round(window["tokens"] / dt, 1), "elapsed_s": round(self.state.elapsed_s, 2),
+                "peak_mem_gb": round(peak_memory_gb(), 3)}
+
+    # -- evaluation and checkpoints -------------------------------------------------------
+    def _evaluate(self, logger: _Loggers) -> dict:
+        """Run the eval hook on the main process; keep `best` when the metric improves."""
+        metrics: dict = {}
+        t0 = time.perf_counter()
+        self.acc.wait_for_everyone()
+        if self.acc.is_main_process:
+            was_training = self.lm.training
+            self.lm.eval()
+            metrics = dict(self.eval_fn(self.lm, self.state.step))
+            self.lm.train(was_training)
+            logger.eval_row({"step": self.state.step, **metrics})
+            key = self.config.eval.best_metric
+            value = metrics.get(key)
+            if value is not None and (self.state.best is None or value > self.state.best):
+                self.state.best, self.state.best_step = float(value), self.state.step
+                self._save_model(self.ckpt / "best", metrics)
+        self.acc.wait_for_everyone()
+        self.state.eval_s += time.perf_counter() - t0
+        return metrics
+
+    def provenance(self, metrics: dict | None = None) -> dict:
+        """What produced a checkpoint (written beside it as dgpo_edge.json)."""
+        from dgpo_edge.jsonio import file_digest
+
+        if not hasattr(self, "_data_digest"):
+            self._data_digest = {"path": str(self.config.data.train), **file_digest(self.config.data.train)}
+        return {"made_by": f"dgpo-edge train {self.config.stage}", "step": self.state.step,
+                "metrics": metrics or {}, "config": str(self.out / "config.yaml"),
+                "train_data": self._data_digest}
+
+    def _save_model(self, path: Path, metrics: dict | None = None) -> None:
+        from .models import save_checkpoint
+
+        save_checkpoint(self.lm, self.tokenizer, path, extra=self.provenance(metrics))
+
+    def save_last(self) -> None:
+        """checkpoints/last: model + tokenizer (transformers format) and state/ for resuming.
+
+        Written into a temp dir and swapped in, so a crash leaves the previous `last` intact.
+        """
+        tmp = self.ckpt / ".last.tmp"
+        if self.acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.acc.wait_for_everyone()
+        self.acc.save_state(str(tmp / "state"))
+        if self.acc.is_main_process:
+            self.lm.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            (tmp / "trainer_state.json").write_text(json.dumps(self.state.__dict__, indent=2) + "\n")
+            (tmp / "dgpo_edge.json").write_text(json.dumps(self.provenance(), indent=2) + "\n")
+            _swap_in(tmp, self.ckpt / "last")
+        self.acc.wait_for_everyone()
+
+    def _prepare_run_dir(self) -> None:
+        """Create out_dir, recover from an interrupted swap, resume from `last` when asked."""
+        last = self.ckpt / "last"
+        old = self.ckpt / ".last.old"
+        if self.acc.is_main_process:
+            self.ckpt.mkdir(parents=True, exist_ok=True)
+            if not last.exists() and old.exists():  # crashed between the two renames of _swap_in
+                os.replace(old, last)
+            previous = self.out / "config.yaml"
+            before = previous.read_text() if previous.is_file() else None
+            if write_resolved(self.config, self.out).read_text() != before and before is not None \
+                    and self.config.run.resume and (last / "trainer_state.json").is_file():
+                print(f"warning: resuming {last} with a config that differs from the run's previous one")
+        self.acc.wait_for_everyone()
+        if self.config.run.resume and (last / "trainer_state.json").is_file():
+            self.acc.load_state(str(last / "state"))
+            saved = json.loads((last / "trainer_state.json").read_text())
+            self.state = TrainState(**saved)
+            if self.acc.is_main_process:
+                print(f"resuming from {last} at step {self.state.step}")
+
+    def _summary(self) -> dict:
+        s = self.state
+        train_s = max(s.elapsed_s - s.eval_s, 1e-9)
+        summary = {"steps": s.step, "elapsed_s": round(s.elapsed_s, 2), "eval_s": round(s.eval_s, 2),
+                   "tokens": s.tokens, "tokens_per_s": round(s.tokens / train_s, 1),
+                   "peak_mem_gb": round(peak_memory_gb(), 3), "best": s.best, "best_step": s.best_step,
+                   "best_metric": self.config.eval.best_metric, "processes": self.world}
+        if self.acc.is_main_process:
+            from dgpo_edge.jsonio import write_json
+            write_json(self.out / "summary.json", summary)
+        return summary
+
+
+def _fill_deepspeed_autos(accelerator: Any, optim: Any, world: int) -> None:
+    """Give DeepSpeed's "auto" batch settings their values (accelerate fills them only from a
+    prepared DataLoader, and this trainer batches by itself)."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    for key, value in (("train_micro_batch_size_per_gpu", optim.batch_size),
+                       ("gradient_accumulation_steps", optim.grad_accum),
+                       ("gradient_clipping", optim.grad_clip),
+                       ("train_batch_size", optim.batch_size * optim.grad_accum * world)):
+        if ds.get(key, "auto") == "auto":
+            ds[key] = value
+
+
+def _swap_in(tmp: Path, dest: Path) -> None:
+    old = dest.with_name(".last.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def peak_memory_gb() -> float:
+    """Peak GPU memory allocated by torch, or the process's peak RSS on CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+# --- metric sinks ---------------------------------------------------------------------------
+
+class _Loggers:
+    """metrics.csv / eval.csv (rows after a resumed step are dropped), TensorBoard, W&B."""
+
+    def __init__(self, config: Any, out: Path, main: bool, start_step: int):
+        self.main = main
+        self.train_csv = out / "metrics.csv"
+        self.eval_csv = out / "eval.csv"
+        self.tb = None
+        self.wandb = None
+        if not main:
+            return
+        for path in (self.train_csv, self.eval_csv):
+            _truncate_csv(path, start_step)
+        if config.log.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1 if start_step else None)
+        if config.log.wandb:
+            try:
+                import wandb
+            except ImportError:
+                raise InputError("log.wandb is set but wandb is not installed (pip install wandb)") from None
+            self.wandb = wandb.init(project=config.log.wandb_project, dir=str(out),
+                                    config=dataclasses.asdict(config), resume="allow")
+
+    def train_row(self, row: dict) -> None:
+        self._write(self.train_csv, row, TRAIN_COLUMNS, "train")
+
+    def eval_row(self, row: dict) -> None:
+        self._write(self.eval_csv, row, tuple(row), "dev")
+
+    def _write(self, path: Path, row: dict, columns: tuple, prefix: str) -> None:
+        if not self.main:
+            return
+        new = not path.exists() or path.stat().st_size == 0
+        if not new:
+            with open(path, newline="") as f:
+                columns = tuple(next(csv.reader(f)))
+        with open(path, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+            if new:
+                w.writeheader()
+            w.writerow(row)
+        numbers = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
+        if self.tb:
+            for k, v in numbers.items():
+                self.tb.add_scalar(f"{prefix}/{k}", v, row["step"])
+            self.tb.flush()
+        if self.wandb:
+            self.wandb.log({f"{prefix}/{k}": v for k, v in numbers.items()}, step=row["step"])
+
+    def close(self) -> None:
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def _truncate_csv(path: Path, step: int) -> None:
+    """Keep the rows up to `step` (those a resumed run will not log again); drop a torn last line."""
+    if not path.exists():
+        return
+    from dgpo_edge.jsonio import atomic_open
+
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return
+    header, body = rows[0], rows[1:]
+    keep = [r for r in body if len(r) == len(header) and r[0].isdigit() and int(r[0]) <= step]
+    with atomic_open(path) as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(keep)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int, done: int, label: str):
+    """A rich progress bar; yields `advance(loss)`."""
+    if not enabled:
+        yield lambda loss: None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn(f"[bold]train {label}[/]"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(), transient=True) as bar:
+        task = bar.add_task(label, total=total, completed=done, loss="-")
+        yield lambda loss: bar.update(task, advance=1, loss=f"{loss:.4f}")
