@@ -103,6 +103,56 @@ def part_naive(bundle: Any, data: Path, limit: int, threads: int, cached: list[d
             "naive_p50": statistics.median([n["seconds"] for _, n in pairs])}
 
 
+def part_replay(bundle: Any, data: Path, limit: int, threads: int) -> dict[str, Any]:
+    """Same transcripts, cached vs re-prompting: each turn's context is evaluated (all of it, or only
+    the part after the cache) and its generated ids are fed back one at a time (forced decoding, the
+    cost of sampling them). Cached and naive alternate per question, so load changes hit both."""
+    from dgpo_edge.bundle.loader import bundle_encoder
+    from dgpo_edge.retrieval.retrievers import open_index
+
+    engine = LlamaCppEngine(bundle.model_path, n_ctx=4096, threads=threads)
+    retriever = open_index(bundle.index_path, encoder=bundle_encoder(bundle, threads), threads=threads)
+    agent = Agent(engine, retriever, bundle.protocol())
+    questions = load_questions([data], limit=limit).examples
+    out = {"n": 0, "cached_s": 0.0, "naive_s": 0.0, "cached_prompt_tokens": 0, "naive_prompt_tokens": 0,
+           "per_question": []}
+    for i, ex in enumerate(questions, 1):
+        t = agent.answer(ex.question).transcript
+        turns: list[tuple[list[int], list[int]]] = []
+        ids: list[int] = []
+        for seg in t.segments:
+            seg_ids = list(seg.token_ids) if seg.token_ids is not None else engine.encode(seg.text)
+            if seg.kind == "turn":
+                turns.append((list(ids), seg_ids))
+            ids += seg_ids
+        times = {}
+        for mode in ("cached", "naive"):
+            engine.reset()
+            t0 = time.perf_counter()
+            evaluated = 0
+            for ctx, gen in turns:
+                if mode == "naive":
+                    engine.reset()
+                n_eval, _ = engine._prefill(ctx)
+                evaluated += n_eval
+                for tok in gen:
+                    engine._evaluate([tok])
+                    engine._cache.append(tok)
+            times[mode] = (time.perf_counter() - t0, evaluated)
+        out["n"] += 1
+        out["cached_s"] += times["cached"][0]
+        out["naive_s"] += times["naive"][0]
+        out["cached_prompt_tokens"] += times["cached"][1]
+        out["naive_prompt_tokens"] += times["naive"][1]
+        out["per_question"].append({"transcript_tokens": len(ids), "turns": len(turns), "cached_s": times["cached"][0],
+                                    "naive_s": times["naive"][0]})
+        print(f"  replay {i}/{len(questions)}: cached {times['cached'][0]:.1f}s, naive {times['naive'][0]:.1f}s",
+              flush=True)
+    agent.close()
+    out["latency_ratio"] = out["naive_s"] / out["cached_s"] if out["cached_s"] else 0.0
+    return out
+
+
 def part_decode(bundle: Any, data: Path, n_contexts: int, tokens: int, repeats: int, threads: int) -> dict[str, Any]:
     import llama_cpp
 
@@ -205,13 +255,17 @@ def main() -> None:
     if "naive" in parts:
         print("part 2: naive agent", flush=True)
         res["naive"] = part_naive(bundle, data, args.naive_limit, args.threads, res["agent"]["records"])
+    if "replay" in parts:
+        print("part 2b: replayed transcripts, cached vs naive", flush=True)
+        res["replay"] = part_replay(bundle, data, args.naive_limit, args.threads)
     if "decode" in parts:
         print("part 3: decode speed", flush=True)
         res["decode"] = part_decode(bundle, data, args.decode_contexts, args.decode_tokens, args.repeats, args.threads)
     (args.out / "results.json").write_text(json.dumps(res, indent=2))
     print()
-    print(markdown(res) if "agent" in res else json.dumps({k: v for k, v in res["decode"].items()
-                                                          if not isinstance(v, list)}, indent=2))
+    print(markdown(res) if "agent" in res else json.dumps(
+        {part: {k: v for k, v in res[part].items() if not isinstance(v, list)}
+         for part in ("replay", "decode") if part in res}, indent=2))
 
 
 if __name__ == "__main__":
