@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("textual")
 
-from textual.widgets import Input, Markdown, OptionList  # noqa: E402
+from textual.widgets import Button, Input, Markdown, OptionList  # noqa: E402
 
 from dgpo_edge.agent import Agent  # noqa: E402
 from dgpo_edge.agent import events as ev  # noqa: E402
@@ -169,6 +169,15 @@ async def ask(pilot, question: str, type_it: bool = False) -> None:
     await pilot.press("enter")
     await app.workers.wait_for_complete()
     await pilot.pause()
+
+
+async def until(pilot, condition, timeout: float = 5.0) -> None:
+    """Let the app run until `condition()` holds (a dismissed screen is popped asynchronously)."""
+    for _ in range(int(timeout / 0.05)):
+        if condition():
+            return
+        await pilot.pause(0.05)
+    assert condition()
 
 
 def exchange_views(app: ChatApp) -> list[ExchangeView]:
@@ -349,9 +358,11 @@ async def test_settings_change_top_k_and_max_turns(retriever, chats):
         assert "top-k" in str(app.screen.query_one("#settings-error").render())
         top_k.value = "1"
         app.screen.query_one("#max-turns", Input).value = "1"
+        # A Button ignores clicks during its 0.2 s "pressed" effect; the second click waits it out.
+        save = app.screen.query_one("#save", Button)
+        await until(pilot, lambda: not save.has_class("-active"))
         await pilot.click("#save")
-        await pilot.pause()
-        assert not isinstance(app.screen, SettingsScreen)
+        await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
         assert app.settings == Settings(top_k=1, max_turns=1)
         assert "top-k 1" in str(app.query_one("#status").render())
         await ask(pilot, PERU_QUESTION)

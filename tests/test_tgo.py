@@ -107,7 +107,11 @@ def test_tgo_command_end_to_end_and_bad_input(memorized, smol_tok, tmp_path):
     res = invoke(*args)
     assert res.exit_code == 0, res.output
     assert "3 questions sampled (0 already done)" in res.flat
-    assert {r["id"] for r in _rows(out)} == {"q0"}
+    # Only q0 is answerable by the memorizer; whether a T=0.3 sample gets it right depends on the
+    # weights trained for this run, so check what was written against the progress file instead.
+    rows, progress = _rows(out), _rows(progress_path(out))
+    assert {r["id"] for r in rows} <= {"q0"} and len(progress) == 3
+    assert len(rows) == sum(p["written"] for p in progress)
     res = invoke(*args)
     assert res.exit_code == 0 and "0 questions sampled (3 already done)" in res.flat
 

@@ -87,14 +87,17 @@ def done_ids(out: str | Path) -> set[str]:
 
 
 def _append(path: Path, rows: Sequence[dict]) -> None:
-    """Append rows with one write, then fsync (a crash leaves at most one torn line)."""
-    if not rows:
-        return
+    """Append rows with one write, then fsync (a crash leaves at most one torn line).
+
+    The file is created even for no rows: a run in which no sample was correct still leaves its
+    (empty) output, as a finished run should.
+    """
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     with open(path, "a", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        if text:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 @dataclass
