@@ -17,11 +17,12 @@ def test_help_lists_the_options():
         assert word in result.plain
 
 
-def test_bundle_and_model_are_exclusive(tmp_path):
+def test_bundle_with_model_loads_like_ask(tmp_path):
+    # --model replaces the bundle's model, as in ask and eval; the bundle itself is still checked.
     (tmp_path / "b").mkdir()
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     result = invoke("chat", "--bundle", tmp_path / "b", "--model", tmp_path / "m.gguf")
-    assert_one_line_error(result, "either --bundle or --model/--index")
+    assert_one_line_error(result, str(tmp_path / "b"), "not a bundle: no manifest.json")
 
 
 @pytest.mark.parametrize("option", ["--bundle", "--model", "--index"])

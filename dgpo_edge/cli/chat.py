@@ -64,9 +64,8 @@ def build_app(bundle: Path | None = None, model: Path | None = None, index: Path
 
 
 def check_sources(bundle: Path | None, model: Path | None, index: Path | None) -> None:
-    """A bundle, or a model and/or an index (the default bundle fills in the other); paths must exist."""
-    if bundle is not None and (model is not None or index is not None):
-        raise InputError("give either --bundle or --model/--index, not both")
+    """Paths that must exist. As for `ask` and `eval`, --model/--index replace that part of the
+    bundle (the default bundle when none is given)."""
     for path in (bundle, model, index):
         if path is not None and not path.expanduser().exists():
             raise InputError("no such file or directory", path)
