@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -47,6 +48,22 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[TextIO]:
     with atomic_path(path) as tmp, open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
         yield f
         f.flush()
+
+
+def replace_dir(src: str | Path, dst: str | Path) -> None:
+    """Rename the finished folder `src` onto `dst`, replacing an existing `dst`.
+
+    The old `dst` is first renamed to `.{name}.old` beside it and deleted only once `src` is in
+    place, so a crash leaves the old folder or the new one (between the two renames, the old one
+    under `.{name}.old`, which a caller can restore).
+    """
+    src, dst = Path(src), Path(dst)
+    old = dst.with_name(f".{dst.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def make_readable(path: str | Path) -> None:

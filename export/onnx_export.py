@@ -11,7 +11,6 @@ failure there must not leave this process half-configured.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dgpo_edge.errors import InputError
+from dgpo_edge.jsonio import replace_dir
 from dgpo_edge.train.models import check_replaceable
 
 from .checkpoint import open_checkpoint
@@ -65,14 +65,7 @@ def export_onnx(model: str | Path, out: str | Path, precision: str = "int4",
 def _replace_dir(src: Path, dst: Path) -> None:
     """Move the finished `src` onto `dst`, replacing an old `dst` only once `src` is complete."""
     os.chmod(src, 0o755)
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dst, old)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)
+    replace_dir(src, dst)
 
 
 def _og_logits(model: Any, ids: list[int]) -> Any:

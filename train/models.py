@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import make_readable
+from dgpo_edge.jsonio import make_readable, replace_dir
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -239,14 +239,7 @@ def atomic_dir(out: str | Path) -> Iterator[Path]:
         for f in tmp.rglob("*"):  # some writers create 0600 files (mkstemp); be like open()
             if f.is_file():
                 make_readable(f)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dgpo_edge.errors import InputError
+from dgpo_edge.jsonio import replace_dir
 
 from .config import write_resolved
 from .data import Example, batch_order, collate
@@ -333,12 +334,9 @@ def _fill_deepspeed_autos(accelerator: Any, optim: Any, world: int) -> None:
 
 
 def _swap_in(tmp: Path, dest: Path) -> None:
-    old = dest.with_name(".last.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dest.exists():
-        os.replace(dest, old)
-    os.replace(tmp, dest)
-    shutil.rmtree(old, ignore_errors=True)
+    """`replace_dir`: `dest` (`last`) is kept as `.last.old` between the renames, which
+    `_prepare_run_dir` restores after a crash there."""
+    replace_dir(tmp, dest)
 
 
 def peak_memory_gb() -> float:

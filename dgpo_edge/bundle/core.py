@@ -49,7 +49,7 @@ from typing import Any
 
 from .. import __version__, protocol
 from ..errors import InputError
-from ..jsonio import file_digest, write_json
+from ..jsonio import file_digest, replace_dir, write_json
 from ..protocol import ProtocolConfig
 
 FORMAT = "dgpo-edge-bundle"
@@ -366,14 +366,9 @@ def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | N
     write_json(work / MANIFEST, manifest)
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
-    if out.exists():
-        if not overwrite:
-            raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", out)
-        trash = out.with_name(f".{out.name}.old")
-        shutil.rmtree(trash, ignore_errors=True)
-        os.replace(out, trash)
-        shutil.rmtree(trash, ignore_errors=True)
-    os.replace(work, out)
+    if out.exists() and not overwrite:
+        raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", out)
+    replace_dir(work, out)
     return Bundle(out, manifest)
 
 
