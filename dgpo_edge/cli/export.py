@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import typer
 
 from .common import console, user_errors
+from .export_bundle import bundle_command
 
 app = typer.Typer(help="Export a checkpoint to GGUF (llama.cpp) or ONNX (onnxruntime-genai), checked.",
                   no_args_is_help=True)
@@ -91,8 +91,5 @@ def onnx_command(
     _fail_if(result, strict)
 
 
-# `export bundle` is another module's; register it once that module exists.
-if importlib.util.find_spec(f"{__package__}.export_bundle") is not None:
-    from .export_bundle import bundle_command
-
-    app.command("bundle")(bundle_command)
+# `export bundle` lives with the bundle commands' helpers.
+app.command("bundle")(bundle_command)

@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from .common import console, user_errors
+from .train_tgo import tgo_command
 
 app = typer.Typer(help="Train a search agent: SFT, cold-start KD (needs the train extra).",
                   no_args_is_help=True)
@@ -54,10 +55,5 @@ def _report(summary: dict, out_dir: str) -> None:
                   f"checkpoints in {out_dir}/checkpoints/", highlight=False)
 
 
-try:  # `train tgo` lives in its own module (teacher-generated trajectories)
-    from .train_tgo import tgo_command
-except ModuleNotFoundError as e:
-    if e.name != f"{__package__}.train_tgo":
-        raise
-else:
-    app.command("tgo")(tgo_command)
+# `train tgo` (teacher-generated trajectories) lives in its own module.
+app.command("tgo")(tgo_command)
