@@ -81,16 +81,23 @@ def test_kd_validation(tmp_path, overrides, needle):
 
 
 def test_shipped_configs_are_valid():
+    from dgpo_edge.train.rl_config import load_rl_config
+
     stages = {"sft": SFTConfig, "kd": KDConfig}
     names = sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("accelerate-"))
     assert {"tiny-cpu-sft.yaml", "tiny-cpu-kd.yaml", "factbook-teacher-sft.yaml", "factbook-kd.yaml",
-            "qwen2.5-3b-to-0.5b-kd.yaml"} <= set(names)
+            "qwen2.5-3b-to-0.5b-kd.yaml", "tiny-cpu-dgpo.yaml", "factbook-dgpo.yaml", "factbook-ppo.yaml",
+            "qwen2.5-3b-to-0.5b-dgpo.yaml"} <= set(names)
     for name in names:
         text = (CONFIGS / name).read_text()
         header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
-        launch = re.search(rf"train (sft|kd) --config train/configs/{re.escape(name)}", header)  # launch command
+        launch = re.search(rf"train (sft|kd|ppo|dgpo|grpo) --config train/configs/{re.escape(name)}", header)
         assert launch, name
-        load_config(stages[launch.group(1)], CONFIGS / name)
+        stage = launch.group(1)
+        if stage in stages:
+            load_config(stages[stage], CONFIGS / name)
+        else:
+            load_rl_config(stage, CONFIGS / name)
 
 
 def test_pkg_paths_resolve_inside_an_installed_package():

@@ -146,8 +146,11 @@ PRECISIONS = ("auto", "bf16", "fp32")
 
 # --- loading --------------------------------------------------------------------
 
-def load_config(cls: type, path: str | Path, overrides: list[str] = ()) -> Any:
-    """Read `path` (YAML), apply `key=value` overrides, validate; InputError on any problem."""
+def load_config(cls: type, path: str | Path, overrides: list[str] = (), validator: Any = None) -> Any:
+    """Read `path` (YAML), apply `key=value` overrides, validate; InputError on any problem.
+
+    `validator(config, path)` replaces the SFT/KD checks (`validate`) for other stages.
+    """
     import yaml
 
     path = Path(path)
@@ -166,7 +169,7 @@ def load_config(cls: type, path: str | Path, overrides: list[str] = ()) -> Any:
     config = _build(cls, raw, path, prefix="")
     for item in overrides:
         apply_override(config, item, path)
-    validate(config, path)
+    (validator or validate)(config, path)
     return config
 
 

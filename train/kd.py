@@ -80,17 +80,25 @@ def run_kd(config: KDConfig, on_step: Callable | None = None) -> dict:
     import torch
 
     from .losses import MaskedLMLoss, teacher_targets
-    from .trainer import Trainer, make_accelerator
+    from .trainer import (
+        Trainer,
+        check_zero3,
+        make_accelerator,
+        whole_weights,
+        zero_stage,
+    )
 
     accelerator = make_accelerator(config)
+    check_zero3(config, zero_stage(accelerator), accelerator.num_processes)
     torch.manual_seed(config.run.seed)
-    student, tokenizer = load_lm(config.model.path, config.model.tokenizer, config.model.random_init,
-                                 config.run.seed)
-    if config.model.gradient_checkpointing:
-        student.gradient_checkpointing_enable()
     kd = config.kd
     bf16 = accelerator.mixed_precision == "bf16"
-    teacher = None if kd.loss == "seqkd" else load_teacher(config, student, accelerator.device, bf16)
+    with whole_weights(accelerator):  # the frozen teacher is never prepared: it must load whole
+        student, tokenizer = load_lm(config.model.path, config.model.tokenizer, config.model.random_init,
+                                     config.run.seed)
+        teacher = None if kd.loss == "seqkd" else load_teacher(config, student, accelerator.device, bf16)
+    if config.model.gradient_checkpointing:
+        student.gradient_checkpointing_enable()
     examples, stats = load_trajectories(config.data.train, tokenizer, max_length=config.data.max_length,
                                         only_correct=config.data.only_correct,
                                         chat_template=config.data.chat_template, limit=config.data.limit)

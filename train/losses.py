@@ -185,6 +185,8 @@ class MaskedLMLoss(torch.nn.Module):
     def __init__(self, lm: torch.nn.Module, chunk_size: int = 8192):
         super().__init__()
         self.lm = lm
+        # accelerate sizes DeepSpeed's "auto" ZeRO-3 buckets from the prepared model's config.
+        self.config = lm.config
         self.chunk_size = chunk_size
         head = lm.get_output_embeddings()
         if getattr(head, "bias", None) is not None:

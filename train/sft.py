@@ -157,12 +157,20 @@ def run_sft(config: SFTConfig, on_step: Callable | None = None) -> dict:
 
     from .data import load_trajectories
     from .losses import MaskedLMLoss
-    from .trainer import Trainer, make_accelerator
+    from .trainer import (
+        Trainer,
+        check_zero3,
+        make_accelerator,
+        whole_weights,
+        zero_stage,
+    )
 
     accelerator = make_accelerator(config)
+    check_zero3(config, zero_stage(accelerator), accelerator.num_processes)
     torch.manual_seed(config.run.seed)
-    model, tokenizer = load_lm(config.model.path, config.model.tokenizer, config.model.random_init,
-                               config.run.seed)
+    with whole_weights(accelerator):
+        model, tokenizer = load_lm(config.model.path, config.model.tokenizer, config.model.random_init,
+                                   config.run.seed)
     if config.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     examples, stats = load_trajectories(config.data.train, tokenizer, max_length=config.data.max_length,

@@ -68,8 +68,64 @@ def make_accelerator(config: Any) -> Any:
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
     # cpu=True without a GPU: processes started by `accelerate launch`/torchrun then join over gloo.
-    return Accelerator(gradient_accumulation_steps=config.optim.grad_accum, cpu=not torch.cuda.is_available(),
+    # Not under a DeepSpeed launch: cpu=True would silently drop DeepSpeed, and DeepSpeed picks its
+    # own device (DS_ACCELERATOR=cpu runs it on CPU, as the tests do).
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    # RL steps accumulate micro-batches themselves (no optim.grad_accum there).
+    accumulate = getattr(config.optim, "grad_accum", 1)
+    return Accelerator(gradient_accumulation_steps=accumulate, cpu=not (torch.cuda.is_available() or deepspeed),
                        mixed_precision="bf16" if precision == "bf16" else "no")
+
+
+def zero_stage(accelerator: Any) -> int | None:
+    """The DeepSpeed ZeRO stage this run uses, or None without DeepSpeed."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return None if plugin is None else int(plugin.zero_stage)
+
+
+def check_zero3(config: Any, stage: int | None, processes: int) -> None:
+    """Refuse, before any model loads, the SFT/KD settings that ZeRO-3 cannot run.
+
+    ZeRO-3 holds each parameter as shards that are gathered only inside its own module's forward:
+    the chunked loss reads the LM-head weight outside that forward (it would see an empty shard).
+    Dev evaluation runs on the main process alone: with several processes its forward passes wait
+    forever for the other ranks to join the gathers, and even with one (seen on an H200) the fast
+    rollout engine's CUDA-graph capture fails on them. So no evaluation, hence no `best`, under ZeRO-3.
+    """
+    if stage != 3:
+        return
+    if config.chunk_size:
+        raise InputError(f"chunk_size={config.chunk_size}: the chunked loss cannot read the sharded LM head "
+                         "under DeepSpeed ZeRO-3; set chunk_size=0 (full logits)")
+    if config.data.dev:
+        raise InputError(f"data.dev is set, but dev evaluation cannot run under DeepSpeed ZeRO-3 "
+                         f"({processes} process{'es' if processes > 1 else ''}): it needs the whole weights "
+                         "in place, and ZeRO-3 holds shards; set data.dev=null and evaluate the saved "
+                         "checkpoints afterwards")
+
+
+@contextlib.contextmanager
+def whole_weights(accelerator: Any):
+    """Load models inside this block with all their weights on every rank, even under ZeRO-3.
+
+    Once an Accelerator with a DeepSpeed plugin exists, transformers builds every model partitioned
+    under ZeRO-3 (accelerate 1.15 ignores `zero3_init_flag: false` there), so a frozen teacher would
+    have empty weights. Loading everything before the Accelerator would avoid that too, but the run
+    would then learn only after the (slow) loads that ZeRO-3 refuses its config (`check_zero3`), and
+    the loads need the Accelerator's device and precision anyway; so the switch is off for the loads
+    instead. The student loaded here is partitioned by `prepare`, like any model under ZeRO-2/3.
+    """
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()  # generate() reads it to keep ZeRO-3 ranks in step
 
 
 def lr_lambda(total: int, warmup: int, schedule: str) -> Callable[[int], float]:
@@ -261,49 +317,21 @@ class Trainer:
                 "train_data": self._data_digest}
 
     def _save_model(self, path: Path, metrics: dict | None = None) -> None:
+        """`best`, from the main process; its weights are complete there, since `check_zero3`
+        refuses evaluation (and so `best`) under ZeRO-3."""
         from .models import save_checkpoint
 
         save_checkpoint(self.lm, self.tokenizer, path, extra=self.provenance(metrics))
 
     def save_last(self) -> None:
-        """checkpoints/last: model + tokenizer (transformers format) and state/ for resuming.
-
-        Written into a temp dir and swapped in, so a crash leaves the previous `last` intact.
-        """
-        tmp = self.ckpt / ".last.tmp"
-        if self.acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        self.acc.wait_for_everyone()
-        self.acc.save_state(str(tmp / "state"))
-        if self.acc.is_main_process:
-            self.lm.save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-            (tmp / "trainer_state.json").write_text(json.dumps(self.state.__dict__, indent=2) + "\n")
-            (tmp / "dgpo_edge.json").write_text(json.dumps(self.provenance(), indent=2) + "\n")
-            _swap_in(tmp, self.ckpt / "last")
-        self.acc.wait_for_everyone()
+        """checkpoints/last: model + tokenizer (transformers format) and state/ for resuming."""
+        write_last(self.acc, self.ckpt, self.lm, self.tokenizer, self.state.__dict__, self.provenance(),
+                   module=self.module)
 
     def _prepare_run_dir(self) -> None:
-        """Create out_dir, recover from an interrupted swap, resume from `last` when asked."""
-        last = self.ckpt / "last"
-        old = self.ckpt / ".last.old"
-        if self.acc.is_main_process:
-            self.ckpt.mkdir(parents=True, exist_ok=True)
-            if not last.exists() and old.exists():  # crashed between the two renames of _swap_in
-                os.replace(old, last)
-            previous = self.out / "config.yaml"
-            before = previous.read_text() if previous.is_file() else None
-            if write_resolved(self.config, self.out).read_text() != before and before is not None \
-                    and self.config.run.resume and (last / "trainer_state.json").is_file():
-                print(f"warning: resuming {last} with a config that differs from the run's previous one")
-        self.acc.wait_for_everyone()
-        if self.config.run.resume and (last / "trainer_state.json").is_file():
-            self.acc.load_state(str(last / "state"))
-            saved = json.loads((last / "trainer_state.json").read_text())
+        saved = prepare_run_dir(self.acc, self.config, self.out)
+        if saved is not None:
             self.state = TrainState(**saved)
-            if self.acc.is_main_process:
-                print(f"resuming from {last} at step {self.state.step}")
 
     def _summary(self) -> dict:
         s = self.state
@@ -316,6 +344,71 @@ class Trainer:
             from dgpo_edge.jsonio import write_json
             write_json(self.out / "summary.json", summary)
         return summary
+
+
+# --- run directories and checkpoints (shared with the RL trainer) ---------------------------
+
+def write_last(acc: Any, ckpt: Path, lm: Any, tokenizer: Any, state: dict, provenance: dict, *,
+               module: Any = None) -> None:
+    """checkpoints/last: the model in transformers format, `state/` (accelerate: every prepared
+    model, optimizer, registered scheduler and the RNG) and trainer_state.json.
+
+    `module` is the prepared module holding `lm` as `.lm`; pass it under DeepSpeed ZeRO-3, where
+    `lm` itself holds only empty shards: its weights are then gathered (every rank must call this).
+    Written into a temp dir and swapped in, so a crash leaves the previous `last` intact.
+    """
+    tmp = ckpt / ".last.tmp"
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    acc.wait_for_everyone()
+    acc.save_state(str(tmp / "state"))
+    state_dict = None if module is None else lm_state_dict(acc, module)  # every rank: ZeRO-3 gathers
+    if acc.is_main_process:
+        lm.save_pretrained(tmp, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+        (tmp / "dgpo_edge.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        _swap_in(tmp, ckpt / "last")
+    acc.wait_for_everyone()
+
+
+def lm_state_dict(acc: Any, module: Any) -> dict | None:
+    """Under DeepSpeed ZeRO-3, the full weights of `module.lm` (module: a prepared wrapper holding the
+    LM as `.lm`), named as the LM names them, gathered from the shards: every rank must call this, and
+    the result is complete on the main process (None on the others). Otherwise None: the LM's own
+    weights are complete, and `save_pretrained` reading them itself keeps tied weights tied
+    (ZeRO-2's `get_state_dict` clones them apart). With bf16 on, DeepSpeed trains - and so saves -
+    bf16 weights."""
+    if zero_stage(acc) != 3:
+        return None
+    full = acc.get_state_dict(module)  # None on the other ranks
+    return None if full is None else {k.removeprefix("lm."): v for k, v in full.items()}
+
+
+def prepare_run_dir(acc: Any, config: Any, out: Path) -> dict | None:
+    """Create out_dir, write the resolved config, recover from an interrupted swap, and - when
+    `run.resume` and `checkpoints/last` exist - load the saved state; returns trainer_state or None."""
+    ckpt = out / "checkpoints"
+    last, old = ckpt / "last", ckpt / ".last.old"
+    resuming = config.run.resume and ((last / "trainer_state.json").is_file()
+                                      or (not last.exists() and (old / "trainer_state.json").is_file()))
+    if acc.is_main_process:
+        ckpt.mkdir(parents=True, exist_ok=True)
+        if not last.exists() and old.exists():  # crashed between the two renames of _swap_in
+            os.replace(old, last)
+        previous = out / "config.yaml"
+        before = previous.read_text() if previous.is_file() else None
+        if write_resolved(config, out).read_text() != before and before is not None and resuming:
+            print(f"warning: resuming {last} with a config that differs from the run's previous one")
+    acc.wait_for_everyone()
+    if not resuming:
+        return None
+    acc.load_state(str(last / "state"))
+    saved = json.loads((last / "trainer_state.json").read_text())
+    if acc.is_main_process:
+        print(f"resuming from {last} at step {saved['step']}")
+    return saved
 
 
 def _fill_deepspeed_autos(accelerator: Any, optim: Any, world: int) -> None:
@@ -374,8 +467,8 @@ class _Loggers:
             self.wandb = wandb.init(project=config.log.wandb_project, dir=str(out),
                                     config=dataclasses.asdict(config), resume="allow")
 
-    def train_row(self, row: dict) -> None:
-        self._write(self.train_csv, row, TRAIN_COLUMNS, "train")
+    def train_row(self, row: dict, columns: tuple = TRAIN_COLUMNS) -> None:
+        self._write(self.train_csv, row, columns, "train")
 
     def eval_row(self, row: dict) -> None:
         self._write(self.eval_csv, row, tuple(row), "dev")
@@ -408,8 +501,14 @@ class _Loggers:
 
 
 def _truncate_csv(path: Path, step: int) -> None:
-    """Keep the rows up to `step` (those a resumed run will not log again); drop a torn last line."""
+    """Keep the rows up to `step` (those a resumed run will not log again); drop a torn last line.
+
+    Step 0 is a fresh start (no checkpoint to resume): a previous attempt's rows all go.
+    """
     if not path.exists():
+        return
+    if step == 0:
+        path.unlink()
         return
     from dgpo_edge.jsonio import atomic_open
 

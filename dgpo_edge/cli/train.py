@@ -1,4 +1,4 @@
-"""`dgpo-edge train ...`: the GPU training stage (SFT, cold-start KD, teacher trajectories).
+"""`dgpo-edge train ...`: the GPU training stage (SFT, cold-start KD, teacher trajectories, RL).
 
 Each command takes `--config YAML` plus `key=value` overrides of dotted keys
 (`optim.lr=2e-5 run.out_dir=out/runs/x`). Multi-GPU: start the same command
@@ -16,7 +16,8 @@ import typer
 from .common import console, user_errors
 from .train_tgo import tgo_command
 
-app = typer.Typer(help="Train a search agent: SFT, cold-start KD (needs the train extra).",
+app = typer.Typer(help="Train a search agent: SFT, cold-start KD, teacher trajectories, PPO/DGPO/GRPO "
+                       "(needs the train extra).",
                   no_args_is_help=True)
 
 CONFIG = typer.Option(..., "--config", "-c", help="YAML config (see train/configs/).")
@@ -43,6 +44,46 @@ def kd(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
 
     cfg = load_config(KDConfig, config, overrides or [])
     _report(run_kd(cfg), cfg.run.out_dir)
+
+
+def _rl(algorithm: str, config: Path, overrides: list[str] | None) -> None:
+    from ..train.models import quiet_transformers
+    from ..train.rl import run_rl
+    from ..train.rl_config import load_rl_config
+
+    quiet_transformers()
+
+    cfg = load_rl_config(algorithm, config, overrides or [])
+    summary = run_rl(cfg)
+    if os.environ.get("RANK", "0") != "0":
+        return
+    best = "" if summary["best"] is None else \
+        f"; best {summary['best_metric']} {summary['best']:.4f} at step {summary['best_step']}"
+    stopped = f"; stopped: {summary['stopped']}" if summary["stopped"] else ""
+    console.print(f"{algorithm}: {summary['steps']} steps, {summary['rollouts']:,} rollouts in "
+                  f"{summary['elapsed_s']:.1f} s (peak {summary['peak_mem_gb']:.2f} GB){best}{stopped}; "
+                  f"metrics in {cfg.run.out_dir}/metrics.csv", highlight=False)
+
+
+@app.command("ppo")
+@user_errors
+def ppo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
+    """PPO with a critic and GAE on multi-turn search rollouts (reward: exact match)."""
+    _rl("ppo", config, overrides)
+
+
+@app.command("dgpo")
+@user_errors
+def dgpo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
+    """DGPO: PPO where failed rollouts are pulled toward a teacher (beta * KL on their tokens)."""
+    _rl("dgpo", config, overrides)
+
+
+@app.command("grpo")
+@user_errors
+def grpo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
+    """GRPO: group-normalised advantages over several samples per question, no critic (teacher optional)."""
+    _rl("grpo", config, overrides)
 
 
 def _report(summary: dict, out_dir: str) -> None:

@@ -1,0 +1,109 @@
+"""Cost of DGPO steps at the paper's shape: a Qwen2.5-0.5B-shaped student (and critic) with a
+Qwen2.5-3B-shaped teacher, random weights, the real Qwen tokenizer, 512 prompts per step.
+
+    python bench/rl_cost.py prepare --tokenizer device/qwen2          # random checkpoints (once)
+    python bench/rl_cost.py run --steps 2                             # one GPU
+    accelerate launch --config_file train/configs/accelerate-ddp.yaml --num_processes 2 \
+        bench/rl_cost.py run --steps 2 --tag 2gpu                     # rollouts split across ranks
+    python bench/rl_cost.py report                                    # the markdown for docs/benchmarks.md
+
+Random weights never answer, so every rollout fails (the teacher term applies to all of them:
+the worst case for its cost) and every turn runs to its 500-token budget: 4 turns with feedback
+plus a final one, up to the 4,096-token episode limit. Questions and the BM25 corpus are
+FactbookQA's. The step-time split comes from the run's metrics.csv (time_rollout_s, time_logp_s,
+time_critic_s, time_teacher_s, time_update_s); the last step is reported (the first also
+captures the rollout engine's CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]   # the installed package is used (dgpo_edge.train lives in train/)
+
+STUDENT = {"layers": 24, "hidden": 896, "heads": 14, "kv_heads": 2, "intermediate": 4864}      # Qwen2.5-0.5B
+TEACHER = {"layers": 36, "hidden": 2048, "heads": 16, "kv_heads": 2, "intermediate": 11008}    # Qwen2.5-3B
+PHASES = ("rollout", "logp", "critic", "teacher", "update")
+
+
+def prepare(args: argparse.Namespace) -> None:
+    from dgpo_edge.train.models import random_qwen2
+
+    for name, shape in (("student", STUDENT), ("teacher", TEACHER)):
+        out = args.work / name
+        if not (out / "config.json").is_file():
+            random_qwen2(args.tokenizer, out, vocab_size=151936, seed=1 if name == "teacher" else 0, **shape)
+            print(f"wrote {out}")
+
+
+def run(args: argparse.Namespace) -> None:
+    from dgpo_edge.train.models import quiet_transformers
+    from dgpo_edge.train.rl import run_rl
+    from dgpo_edge.train.rl_config import RLConfig, validate_rl
+
+    quiet_transformers()
+    config = RLConfig(algorithm="dgpo")
+    config.run.out_dir = str(args.work / f"run-{args.tag}")
+    config.run.resume = False
+    config.run.precision = "bf16"
+    config.model.path = str(args.work / "student")
+    config.model.gradient_checkpointing = True
+    config.teacher.path = str(args.work / "teacher")
+    config.data.train = str(args.data)
+    config.data.retriever = str(args.retriever)
+    config.rollout.prompts_per_step = args.prompts
+    config.rollout.batch_size = args.batch_size
+    config.ppo.mini_batch = min(256, args.prompts)   # the paper: 256 of 512
+    config.ppo.micro_batch = args.micro_batch
+    config.optim.steps = args.steps
+    config.log.tensorboard = False
+    config.log.progress = False
+    validate_rl(config, "bench/rl_cost.py")
+    summary = run_rl(config)
+    print(json.dumps(summary))
+
+
+def report(args: argparse.Namespace) -> None:
+    rows = []
+    for run_dir in sorted(args.work.glob("run-*")):
+        with open(run_dir / "metrics.csv", newline="") as f:
+            last = list(csv.DictReader(f))[-1]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        step = float(last["time_step_s"])
+        rows.append({"run": run_dir.name, "processes": summary["processes"], "step_s": step,
+                     **{p: float(last[f"time_{p}_s"] or 0) for p in PHASES},
+                     "teacher_share_of_step": float(last["time_teacher_s"] or 0) / step,
+                     "response_length": float(last["response_length"]),
+                     "rollout_tokens_per_s": float(last["rollout_tokens_per_s"]),
+                     "peak_mem_gb": summary["peak_mem_gb"]})
+    (args.work / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print("| run | processes | step (s) | rollout | old log-probs | critic | teacher | update | "
+          "teacher share | generated tokens/rollout | rollout tokens/s | peak GPU memory (GiB) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['run']} | {r['processes']} | {r['step_s']:.1f} | " + " | ".join(f"{r[p]:.1f}" for p in PHASES)
+              + f" | {r['teacher_share_of_step']:.1%} | {r['response_length']:.0f} | "
+              f"{r['rollout_tokens_per_s']:,.0f} | {r['peak_mem_gb']:.1f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("prepare", "run", "report"))
+    ap.add_argument("--work", type=Path, default=ROOT / "out" / "bench-rl-cost")
+    ap.add_argument("--tokenizer", type=Path, default=ROOT / "device" / "qwen2")
+    ap.add_argument("--data", type=Path, default=ROOT / "out" / "factbookqa" / "train.jsonl")
+    ap.add_argument("--retriever", type=Path, default=ROOT / "out" / "factbookqa" / "corpus.jsonl")
+    ap.add_argument("--prompts", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=256, help="episodes decoded together (per process)")
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--tag", default="1gpu")
+    args = ap.parse_args()
+    {"prepare": prepare, "run": run, "report": report}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()

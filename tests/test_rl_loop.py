@@ -1,0 +1,275 @@
+"""`train ppo | dgpo | grpo` end to end on CPU with tiny real models (train/rl.py).
+
+The toy task is the rollout tests' one: a BM25 corpus of five invented
+countries and one question ("What is the capital of Freedonia"). The student
+is the memorizer (greedy gets it right, sampling at T = 0.5 about a third of
+the time); the teacher is the same model trained further until it is
+confident. Every part is real: rollouts search the real store, rewards are
+exact match, models are transformers Llamas over SmolLM2's tokenizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+import test_rollout_support as support  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from cli_helpers import assert_one_line_error, invoke  # noqa: E402
+
+from dgpo_edge.train.rl import run_rl  # noqa: E402
+from dgpo_edge.train.rl_config import load_rl_config  # noqa: E402
+from dgpo_edge.transcript import encoder_for  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTION, GOLD = support.EPISODES[0][0], support.EPISODES[0][1]
+TIMING = {"elapsed_s", "peak_mem_gb", "rollout_tokens_per_s"}
+
+
+def _confident(model, tokenizer, retriever):
+    """The memorizer trained on its episode until the loss is small: sampling agrees with greedy."""
+    model = copy.deepcopy(model)
+    tt = support.episode_transcripts(tokenizer, retriever)[0].tokenize(encoder_for(tokenizer))
+    ids = torch.tensor([tt.ids])
+    where = torch.tensor([tt.mask[1:] + [0]], dtype=torch.bool)
+    targets = ids[:, 1:][where[:, :-1]]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(300):
+        loss = torch.nn.functional.cross_entropy(model.lm_head(model.model(input_ids=ids).last_hidden_state[where]),
+                                                 targets)
+        if loss.item() < 0.02:
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def toy(request, tmp_path_factory):
+    """Folders: student, teacher, train.jsonl (the question 32 times), dev.jsonl, corpus.jsonl."""
+    tok = support.smol_tok_fixture(request, tmp_path_factory)
+    root = tmp_path_factory.mktemp("rl-toy")
+    retriever = support.bm25_retriever(root)
+    student = support.memorized_model(tok, retriever, support.cache_dir(request, tmp_path_factory,
+                                                                         "dgpo-rollout-models"))
+    teacher = _confident(student, tok, retriever)
+    retriever.close()
+    for name, model in (("student", student), ("teacher", teacher)):
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    row = {"question": QUESTION, "golden_answers": [GOLD]}
+    (root / "train.jsonl").write_text("".join(json.dumps({"id": f"q{i}", **row}) + "\n" for i in range(32)))
+    (root / "dev.jsonl").write_text(json.dumps({"id": "d0", **row}) + "\n")
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n"
+                                               for p in support.CORPUS))
+    return root
+
+
+def write_rl_config(toy: Path, out: Path, **sections) -> Path:
+    """8 rollouts a step at T = 0.5, one search, short turns; `sections` override."""
+    config = {"run": {"out_dir": str(out), "precision": "fp32", "seed": 0},
+              "model": {"path": str(toy / "student")},
+              "data": {"train": str(toy / "train.jsonl"), "retriever": str(toy / "corpus.jsonl")},
+              "rollout": {"prompts_per_step": 8, "batch_size": 32, "temperature": 0.5, "max_turn_tokens": 40,
+                          "max_searches": 1},
+              "ppo": {"mini_batch": 4, "micro_batch": 4},
+              "teacher": {"path": str(toy / "teacher"), "beta": 0.01},
+              "optim": {"steps": 3, "lr": 3e-4, "critic_lr": 1e-3, "warmup_ratio": 0.0},
+              "log": {"tensorboard": False, "progress": False}}
+    for name, values in sections.items():
+        config.setdefault(name, {}).update(values) if isinstance(values, dict) else config.__setitem__(name, values)
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def rows(run: Path, drop_timing: bool = True) -> list[dict]:
+    with open(run / "metrics.csv", newline="") as f:
+        out = list(csv.DictReader(f))
+    return [{k: v for k, v in r.items() if not (drop_timing and (k in TIMING or k.startswith("time_")))}
+            for r in out]
+
+
+def test_dgpo_raises_the_reward(toy, tmp_path):
+    out = tmp_path / "dgpo"
+    cfg = load_rl_config("dgpo", write_rl_config(toy, out, rollout={"prompts_per_step": 32},
+                                                 ppo={"mini_batch": 16, "micro_batch": 16}, optim={"steps": 6}))
+    summary = run_rl(cfg)
+    assert summary["steps"] == 6 and summary["rollouts"] == 6 * 32
+    em = [float(r["em"]) for r in rows(out)]
+    first = rows(out)[0]
+    assert float(first["teacher_share"]) == pytest.approx(1 - em[0])      # the failed rollouts, only them
+    assert math.isfinite(float(first["kl_teacher"])) and float(first["kl_teacher"]) > 0
+    assert sum(em[3:]) / 3 >= em[0] + 0.2, em
+
+
+def test_ppo_trains_every_parameter_of_actor_and_critic(toy, tmp_path):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "ppo"
+    summary = run_rl(load_rl_config("ppo", write_rl_config(toy, out, optim={"steps": 2, "lr": 1e-3})))
+    assert summary["algorithm"] == "ppo" and summary["steps"] == 2
+    before = load_file(toy / "student" / "model.safetensors")
+    after = load_file(out / "checkpoints" / "last" / "model.safetensors")
+    assert all(not torch.equal(before[k], after[k]) for k in before)
+    critic = load_file(out / "checkpoints" / "last" / "state" / "model_1.safetensors")
+    assert critic["head.weight"].abs().sum() > 0          # the zero-initialised value head learned
+    r = rows(out)[-1]
+    assert r["teacher_share"] == "0.0" and r["kl_teacher"] == "nan"   # PPO: no teacher term
+    assert float(r["value_loss"]) >= 0 and 0 <= float(r["clip_frac"]) <= 1
+    for key in ("time_rollout_s", "time_logp_s", "time_critic_s", "time_update_s", "time_step_s"):
+        assert float(rows(out, drop_timing=False)[-1][key]) > 0
+
+
+def test_grpo_uses_groups_and_no_critic(toy, tmp_path):
+    out = tmp_path / "grpo"
+    cfg = load_rl_config("grpo", write_rl_config(toy, out, rollout={"prompts_per_step": 2, "samples_per_prompt": 4},
+                                                 optim={"steps": 2}, teacher={"path": ""}))
+    assert not cfg.uses_critic and not cfg.uses_teacher
+    summary = run_rl(cfg)
+    assert summary["rollouts"] == 2 * 2 * 4
+    r = rows(out, drop_timing=False)[-1]
+    assert r["value_loss"] == "" and r["time_critic_s"] == ""       # no critic at all
+    assert not (out / "checkpoints" / "last" / "state" / "model_1.safetensors").exists()
+
+
+@pytest.mark.parametrize("teacher", [{"estimator": "reverse_full"}, {"estimator": "k3", "placement": "loss"},
+                                     {"apply_to": "all"}])
+def test_teacher_term_variants_run(toy, tmp_path, teacher):
+    out = tmp_path / "variant"
+    run_rl(load_rl_config("dgpo", write_rl_config(toy, out, optim={"steps": 1}, teacher=teacher)))
+    r = rows(out)[0]
+    if teacher.get("apply_to") == "all":
+        assert r["teacher_share"] == "1.0"
+    if teacher.get("placement") == "loss":   # the term is in the loss: the reward is the plain score
+        assert float(r["reward"]) == pytest.approx(float(r["em"]))
+    else:
+        assert float(r["reward"]) < float(r["em"])
+    assert float(r["kl_teacher"]) >= 0
+
+
+def test_resume_after_kill_9_logs_the_same_metrics(toy, tmp_path):
+    steps = {"optim": {"steps": 4}, "log": {"save_every": 1}}
+    whole = tmp_path / "whole"
+    run_rl(load_rl_config("dgpo", write_rl_config(toy, whole, **steps)))
+    killed = tmp_path / "killed"
+    config = write_rl_config(toy, killed, **steps)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "dgpo_edge", "train", "dgpo", "--config", str(config)],
+                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if (killed / "metrics.csv").is_file() and len(rows(killed)) >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = len(rows(killed))
+    assert 2 <= done < 4, "the run should have been killed mid-way"
+    summary = run_rl(load_rl_config("dgpo", config))                   # resumes from checkpoints/last
+    assert summary["steps"] == 4
+    assert_same_metrics(rows(killed), rows(whole))
+
+
+SAMPLED = ("em", "answered", "response_length", "searches", "invalid_rate", "teacher_share", "lr", "critic_lr")
+
+
+def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
+    """What the sampled tokens decide must be equal; losses equal up to float summation order
+    (the killed run's subprocess and this process may use different thread counts)."""
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for a, b in zip(got, want):
+        assert {k: a[k] for k in SAMPLED} == {k: b[k] for k in SAMPLED}
+        for key in a:
+            if key not in SAMPLED and a[key] not in ("", "nan"):
+                assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-4, abs=1e-6), key
+
+
+def test_collapse_stop_ends_the_run(toy, tmp_path):
+    out = tmp_path / "collapse"
+    # A hair-trigger watch: any step below the best one-step average stops the run.
+    cfg = load_rl_config("ppo", write_rl_config(toy, out, optim={"steps": 12, "lr": 3e-3},
+                                                collapse={"window": 1, "drop": 0.01, "min_best": 0.0, "stop": True}))
+    summary = run_rl(cfg)
+    assert summary["stopped"] and summary["steps"] < 12
+    assert rows(out)[-1]["collapse"] == "1"
+    assert (out / "checkpoints" / "last" / "trainer_state.json").is_file()
+
+
+def test_teacher_with_another_tokenizer_is_refused(toy, tmp_path):
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other-teacher"
+    model = support.tiny_model("llama", 300)
+    model.save_pretrained(other)
+    qwen = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizers" / "qwen2"
+    if not qwen.is_dir():
+        pytest.skip("needs ../shared/data/tokenizers/qwen2")
+    AutoTokenizer.from_pretrained(qwen).save_pretrained(other)
+    config = write_rl_config(toy, tmp_path / "run", teacher={"path": str(other)})
+    assert_one_line_error(invoke("train", "dgpo", "--config", config), "same tokenizer")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("teacher.path=", "teacher.path"),
+    ("rollout.samples_per_prompt=1", None),
+    ("ppo.mini_batch=3", "ppo.mini_batch"),
+    ("teacher.estimator=k2", "teacher.estimator"),
+    ("ppo.gamma=1.5", "ppo.gamma"),
+    ("rollout.max_turns=3", "unknown"),
+])
+def test_config_errors_exit_2_naming_the_key(toy, tmp_path, override, message):
+    config = write_rl_config(toy, tmp_path / "run")
+    command = "grpo" if override.startswith("rollout.samples") else "dgpo"
+    assert_one_line_error(invoke("train", command, "--config", config, override), message or "samples_per_prompt")
+    assert not (tmp_path / "run").exists()                       # nothing written
+
+
+def test_yaml_algorithm_must_match_the_command(toy, tmp_path):
+    config = write_rl_config(toy, tmp_path / "run", algorithm="ppo")
+    assert_one_line_error(invoke("train", "dgpo", "--config", config), "train ppo")
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_split_the_rollouts(toy, tmp_path):
+    import socket
+
+    from safetensors.torch import load_file
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp"
+    config = write_rl_config(toy, out, optim={"steps": 2}, ppo={"mini_batch": 4, "micro_batch": 2})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+              str(ROOT / "train" / "configs" / "accelerate-cpu-2proc.yaml"), "--main_process_port", str(port),
+              "-m", "dgpo_edge", "train", "dgpo", "--config", str(config)]
+    done = subprocess.run(launch, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["rollouts"] == 2 * 8      # 4 questions per process per step
+    assert done.stdout.count("dgpo: 2 steps") == 1                         # one report, from rank 0
+    assert len(rows(out)) == 2
+    before = load_file(toy / "student" / "model.safetensors")
+    after = load_file(out / "checkpoints" / "last" / "model.safetensors")
+    assert all(not torch.equal(before[k], after[k]) for k in before)
+    assert sorted(p.name for p in (out / "checkpoints/last/state").glob("random_states_*")) == \
+        ["random_states_0.pkl", "random_states_1.pkl"]

@@ -1,0 +1,509 @@
+"""`dgpo-edge train ppo | dgpo | grpo`: the reinforcement-learning loop.
+
+One step:
+
+1. **rollout** - this process's share of the step's questions (`rl_batch.step_prompts`),
+   `rollout.samples_per_prompt` episodes each, sampled by the student with the
+   fast rollout engine (train/rollout.py; the same protocol code as the edge agent).
+2. **score** - without gradients: the log-probs of the sampled tokens under the
+   current student ("old", recomputed in training numerics), the critic's values,
+   the reference's log-probs when `ppo.kl_ref` > 0, and - for the rollouts that
+   receive DGPO's term (`teacher.threshold`, `teacher.apply_to`) and only for
+   them - the teacher's log-probs.
+3. **advantages** - token rewards (the exact-match score on the last generated
+   token, minus beta * k_t on the tokens of selected rollouts), then GAE with a
+   critic (ppo, dgpo) or group-normalised scores (grpo).
+4. **update** - `ppo.epochs` passes over shuffled mini-batches of `ppo.mini_batch`
+   rollouts, each accumulated over micro-batches: the clipped policy loss, the
+   entropy bonus and (placement "loss") the teacher term for the actor; the
+   clipped value loss for the critic; one optimizer step each per mini-batch.
+
+The math is in rl_math.py, the models in rl_models.py. Everything random is
+seeded by (seed, step, process), and checkpoints/last holds the models,
+optimizers, schedulers, RNG and the loop state, so a run killed at any point
+and resumed logs the same metrics as one that never stopped (a test checks it).
+Metrics per step go to metrics.csv and TensorBoard; dev EM to eval.csv.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dgpo_edge.errors import InputError
+from dgpo_edge.protocol import ProtocolConfig
+
+from . import rl_math
+from .rl_batch import StepBatch, pack, step_prompts, step_seed
+from .rl_config import RLConfig
+from .rl_models import PolicyHead, check_same_tokenizer, frozen_logps, full_vocab_kl, load_frozen, make_critic
+from .rollout import RolloutConfig, generate_rollouts, make_engine
+from .trainer import _Loggers, _progress, lr_lambda, peak_memory_gb, prepare_run_dir, write_last
+
+RL_COLUMNS = ("step", "reward", "em", "answered", "response_length", "searches", "invalid_rate",
+              "teacher_share", "kl_teacher", "kl_ref", "entropy", "policy_loss", "value_loss", "clip_frac",
+              "approx_kl", "vf_clip_frac", "grad_norm", "critic_grad_norm", "lr", "critic_lr", "collapse",
+              "time_rollout_s", "time_logp_s", "time_critic_s", "time_teacher_s", "time_update_s",
+              "time_step_s", "rollout_tokens_per_s", "elapsed_s", "peak_mem_gb")
+
+
+@dataclass
+class RLState:
+    """What a resumed run needs besides the models, optimizers and RNG."""
+
+    step: int = 0
+    best: float | None = None
+    best_step: int | None = None
+    elapsed_s: float = 0.0
+    eval_s: float = 0.0
+    rollouts: int = 0
+    collapse: dict = field(default_factory=dict)
+    stopped: str | None = None
+
+
+class _Clock:
+    """Wall-clock laps per phase (synchronising the GPU so a phase owns its kernels)."""
+
+    def __init__(self, device: Any):
+        self.cuda = device.type == "cuda"
+        self.laps: dict[str, float] = {}
+        self.t = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = self._now()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.t
+        self.t = now
+
+
+class RLTrainer:
+    """Runs one `train ppo|dgpo|grpo` job; see the module docstring."""
+
+    def __init__(self, config: RLConfig, on_step: Callable[[int, dict], None] | None = None):
+        from .trainer import make_accelerator
+
+        self.config = config
+        self.on_step = on_step
+        self.acc = make_accelerator(config)
+        self.out = Path(config.run.out_dir)
+        self.ckpt = self.out / "checkpoints"
+        self.bf16 = self.acc.mixed_precision == "bf16"
+        self.world, self.rank = self.acc.num_processes, self.acc.process_index
+        self._check_sizes()
+        self._load_data()
+        self._load_models()
+        self._setup_optim()
+        self.state = RLState()
+        self.watch = rl_math.CollapseWatch(config.collapse.window, config.collapse.drop, config.collapse.min_best)
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _check_sizes(self) -> None:
+        from .trainer import zero_stage
+
+        if zero_stage(self.acc) is not None:
+            # accelerate needs one plugin and one Accelerator per DeepSpeed model (actor, critic),
+            # and the rollout engine reads whole weights in place: not wired yet.
+            raise InputError("train ppo/dgpo/grpo runs one process per GPU under DDP "
+                             "(accelerate launch --config_file train/configs/accelerate-ddp.yaml); "
+                             "DeepSpeed is not supported for RL yet")
+        c, world = self.config, self.world
+        if c.rollout.prompts_per_step % world or c.ppo.mini_batch % world:
+            raise InputError(f"rollout.prompts_per_step ({c.rollout.prompts_per_step}) and ppo.mini_batch "
+                             f"({c.ppo.mini_batch}) must be multiples of the {world} processes")
+
+    def _load_data(self) -> None:
+        from dgpo_edge.datasets import read_qa
+
+        from .sft import open_retriever
+
+        self.examples = read_qa(self.config.data.train, limit=self.config.data.limit)
+        if not self.examples:
+            raise InputError("no training questions", self.config.data.train)
+        self.retriever = open_retriever(self.config.data.retriever)
+
+    def _load_models(self) -> None:
+        from .sft import load_lm, load_tokenizer
+
+        c = self.config
+        torch.manual_seed(c.run.seed)
+        actor, self.tokenizer = load_lm(c.model.path, c.model.tokenizer, c.model.random_init, c.run.seed)
+        if c.model.gradient_checkpointing:
+            actor.gradient_checkpointing_enable()
+        self.pad_id = self.tokenizer.pad_token_id
+        device = self.acc.device
+        self.critic = None
+        if c.uses_critic:  # a second copy of the student (same seed for a random init)
+            body, _ = load_lm(c.critic.path or c.model.path, c.model.tokenizer, c.model.random_init, c.run.seed)
+            if c.model.gradient_checkpointing:
+                body.gradient_checkpointing_enable()
+            self.critic = make_critic(body)
+        self.reference = None
+        if c.ppo.kl_ref > 0:
+            self.reference, _ = load_frozen(c.model.path, device, self.bf16) if not c.model.random_init \
+                else (_frozen_copy(actor, device, self.bf16), None)
+        self.teacher = None
+        if c.uses_teacher:  # the cheap tokenizer check before the weights
+            check_same_tokenizer(self.tokenizer, load_tokenizer(c.teacher.path), c.teacher.path)
+            self.teacher, _ = load_frozen(c.teacher.path, device, self.bf16, c.teacher.load_in_8bit)
+        self._actor = actor
+
+    def _setup_optim(self) -> None:
+        o, c = self.config.optim, self.config
+        policy = PolicyHead(self._actor)
+        adam = lambda params, lr: torch.optim.AdamW(params, lr=lr, betas=(o.beta1, o.beta2), eps=o.eps,  # noqa: E731
+                                                    weight_decay=o.weight_decay)
+        schedule = lambda opt, warm: torch.optim.lr_scheduler.LambdaLR(  # noqa: E731
+            opt, lr_lambda(o.steps, round(warm * o.steps), o.schedule))
+        actor_opt = adam(policy.parameters(), o.lr)
+        self.actor_sched = schedule(actor_opt, o.warmup_ratio)
+        if self.critic is not None:
+            critic_opt = adam(self.critic.parameters(), o.critic_lr)
+            self.critic_sched = schedule(critic_opt, o.critic_warmup_ratio)
+            self.policy, self.actor_opt, self.critic, self.critic_opt = self.acc.prepare(
+                policy, actor_opt, self.critic, critic_opt)
+            self.acc.register_for_checkpointing(self.critic_sched)
+        else:
+            self.policy, self.actor_opt = self.acc.prepare(policy, actor_opt)
+            self.critic_opt = self.critic_sched = None
+        self.acc.register_for_checkpointing(self.actor_sched)
+        # The rollout engine reads the actor's parameters in place: its CUDA graphs stay valid
+        # across optimizer steps, so one engine serves the whole run.
+        r = c.rollout
+        self.rollout_config = RolloutConfig(
+            protocol=ProtocolConfig(top_k=r.top_k, max_searches=r.max_searches, max_turn_tokens=r.max_turn_tokens,
+                                    max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens),
+            temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
+            chat_template=c.data.chat_template)
+        self.engine = make_engine(self.lm, self.tokenizer, self.rollout_config)
+
+    @property
+    def lm(self) -> Any:
+        """The bare causal LM being trained."""
+        return self.acc.unwrap_model(self.policy).lm
+
+    # -- the loop --------------------------------------------------------------------------------
+    def train(self) -> dict:
+        """Run to `optim.steps` (or a collapse stop), resuming from checkpoints/last when present."""
+        from .sft import make_eval_fn
+
+        saved = prepare_run_dir(self.acc, self.config, self.out)
+        if saved is not None:
+            self.state = RLState(**saved)
+            self.watch.load_state_dict(self.state.collapse)
+        eval_fn = make_eval_fn(self.config, self.tokenizer)
+        logger = _Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
+        t_start = time.perf_counter() - self.state.elapsed_s
+        if eval_fn and self.config.eval.at_start and self.state.step == 0:
+            self._evaluate(eval_fn, logger)
+        total = self.config.optim.steps
+        with _progress(self.acc.is_main_process and self.config.log.progress, total, self.state.step,
+                       self.config.algorithm) as advance:
+            while self.state.step < total and self.state.stopped is None:
+                row = self.step()
+                self.state.step += 1
+                self.state.elapsed_s = time.perf_counter() - t_start
+                row.update(step=self.state.step, elapsed_s=round(self.state.elapsed_s, 2),
+                           peak_mem_gb=round(peak_memory_gb(), 3))
+                self._watch_collapse(row)
+                advance(row["reward"])
+                if self.state.step % self.config.log.every == 0 or self.state.step == total:
+                    logger.train_row(row, RL_COLUMNS)
+                self._after_step(eval_fn, logger)
+                if self.on_step:
+                    self.on_step(self.state.step, row)
+        self.state.elapsed_s = time.perf_counter() - t_start
+        logger.close()
+        return self._summary()
+
+    def step(self) -> dict:
+        """One RL step on this process; returns the metric row (averaged over processes)."""
+        clock = _Clock(self.acc.device)
+        batch, rollouts = self._rollouts(self.state.step)
+        clock.lap("rollout")
+        scored = self._score(batch, clock)
+        stats = self._update(batch, scored)
+        clock.lap("update")
+        row = self._metrics(batch, rollouts, scored, stats)
+        row.update({f"time_{k}_s": round(v, 3) for k, v in clock.laps.items()})
+        row["time_step_s"] = round(sum(clock.laps.values()), 3)
+        row["rollout_tokens_per_s"] = round(row.pop("_generated") / max(clock.laps["rollout"], 1e-9), 1)
+        self.state.rollouts += len(rollouts) * self.world
+        return row
+
+    # -- 1. rollouts -------------------------------------------------------------------------------
+    def _rollouts(self, step: int) -> tuple[StepBatch, list]:
+        c = self.config
+        picks = step_prompts(len(self.examples), c.rollout.prompts_per_step, step, c.run.seed, self.rank, self.world)
+        n = c.rollout.samples_per_prompt
+        chosen = [self.examples[i] for i in picks for _ in range(n)]
+        groups = [i for i in picks for _ in range(n)]
+        config = RolloutConfig(**{**self.rollout_config.__dict__, "seed": step_seed(c.run.seed, step, self.rank)})
+        rollouts = generate_rollouts(self.lm, self.tokenizer, [e.question for e in chosen],
+                                     [tuple(e.answers) for e in chosen], self.retriever, config, engine=self.engine)
+        return pack(rollouts, groups, self.pad_id, self.acc.device), rollouts
+
+    # -- 2. scoring and advantages ----------------------------------------------------------------
+    @torch.no_grad()
+    def _score(self, batch: StepBatch, clock: _Clock) -> dict:
+        """old log-probs, values, reference and teacher terms, rewards, advantages ([B, L] each)."""
+        c = self.config
+        out: dict[str, Any] = {"old_logp": self._forward_all(lambda b: self.policy(
+            b.input_ids, b.attention_mask, b.mask, c.rollout.temperature)[0], batch)}
+        clock.lap("logp")
+        penalty = torch.zeros_like(batch.mask)
+        if self.reference is not None:
+            ref = self._forward_all(lambda b: frozen_logps(self.reference, b.input_ids, b.attention_mask, b.mask,
+                                                           c.rollout.temperature), batch)
+            out["kl_ref"] = rl_math.teacher_kl(out["old_logp"], ref, "k1")
+            penalty = penalty + c.ppo.kl_ref * out["kl_ref"] * batch.mask
+        if self.critic is not None:
+            out["values"] = self._forward_all(lambda b: self.critic(b.input_ids, b.attention_mask), batch)
+            clock.lap("critic")
+        out["rows"] = torch.zeros_like(batch.scores, dtype=torch.bool)
+        if self.teacher is not None:
+            out.update(self._teacher_terms(batch, out["old_logp"]))
+            clock.lap("teacher")
+            if c.teacher.placement == "reward":
+                penalty = penalty + rl_math.teacher_penalty(out["kl_teacher"], batch.mask, out["rows"],
+                                                            c.teacher.beta)
+        out["penalty"] = penalty
+        out["rewards"] = rl_math.token_rewards(batch.scores, batch.mask, penalty)
+        out["advantages"], out["returns"] = self._advantages(batch, out)
+        return out
+
+    def _teacher_terms(self, batch: StepBatch, old_logp: torch.Tensor) -> dict:
+        """k_t for the rows that receive the term; the teacher runs on those rows only."""
+        t = self.config.teacher
+        rows = rl_math.selective_rows(batch.scores, t.threshold, t.apply_to)
+        kl = torch.zeros_like(batch.mask)
+        teacher_logp = torch.zeros_like(batch.mask)
+        index = rows.nonzero()[:, 0]
+        if len(index):
+            sub = batch.rows(index)
+            width = sub.input_ids.shape[1]
+            if t.estimator in rl_math.KL_ESTIMATORS:
+                lp = self._forward_all(lambda b: frozen_logps(self.teacher, b.input_ids, b.attention_mask, b.mask,
+                                                              self.config.rollout.temperature), sub)
+                teacher_logp[index, :width] = lp
+                kl[index, :width] = rl_math.teacher_kl(old_logp[index, :width], lp, t.estimator)
+            else:
+                direction = t.estimator.split("_")[0]
+                kl[index, :width] = self._forward_all(lambda b: full_vocab_kl(
+                    self.lm, self.teacher, b.input_ids, b.attention_mask, b.mask, direction,
+                    self.config.rollout.temperature), sub)
+        return {"rows": rows, "kl_teacher": kl * batch.mask, "teacher_logp": teacher_logp}
+
+    def _advantages(self, batch: StepBatch, s: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        p = self.config.ppo
+        if self.critic is not None:
+            adv, ret = rl_math.gae(s["rewards"].cpu(), s["values"].cpu(), batch.mask.cpu(), p.gamma, p.lam)
+            adv, ret = adv.to(batch.mask.device), ret.to(batch.mask.device)
+            return (rl_math.masked_whiten(adv, batch.mask) if p.whiten else adv), ret
+        # GRPO: the group-normalised score on every generated token, minus the penalty still to
+        # come on that row (the teacher term as a return-to-go, undiscounted, not normalised).
+        group = rl_math.grpo_advantages(batch.scores, batch.groups)
+        to_go = s["penalty"].flip(-1).cumsum(-1).flip(-1)
+        return (group[:, None] - to_go) * batch.mask, None
+
+    def _forward_all(self, fn: Callable[[StepBatch], torch.Tensor], batch: StepBatch) -> torch.Tensor:
+        """fn over micro-batches of rows, reassembled into [B, L]."""
+        size = self.config.ppo.micro_batch
+        out = torch.zeros_like(batch.mask)
+        for i in range(0, batch.input_ids.shape[0], size):
+            index = torch.arange(i, min(i + size, batch.input_ids.shape[0]), device=batch.mask.device)
+            sub = batch.rows(index)
+            with self._autocast():
+                out[index, :sub.input_ids.shape[1]] = fn(sub).float()
+        return out
+
+    def _autocast(self):
+        return torch.autocast(self.acc.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    # -- 4. update ----------------------------------------------------------------------------------
+    def _update(self, batch: StepBatch, s: dict) -> dict:
+        """ppo.epochs passes of mini-batch steps; returns token-weighted mean stats."""
+        c = self.config
+        n = batch.input_ids.shape[0]
+        per_mini = c.ppo.mini_batch // self.world   # rollouts per optimizer step on this process
+        totals: dict[str, float] = {}
+        self.policy.train()
+        if self.critic is not None:
+            self.critic.train()
+        for epoch in range(c.ppo.epochs):
+            g = torch.Generator().manual_seed(step_seed(c.run.seed, self.state.step, self.rank, 1000 + epoch))
+            perm = torch.randperm(n, generator=g).to(batch.mask.device)
+            for start in range(0, n, per_mini):
+                stats = self._mini_batch(batch, s, perm[start:start + per_mini])
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        self.actor_sched.step()
+        if self.critic_sched is not None:
+            self.critic_sched.step()
+        weight = totals.pop("_tokens", 0.0) or 1.0
+        steps = totals.pop("_steps", 1.0)
+        out = {k: v / weight for k, v in totals.items() if not k.endswith("grad_norm")}
+        out.update({k: v / steps for k, v in totals.items() if k.endswith("grad_norm")})
+        return out
+
+    def _mini_batch(self, batch: StepBatch, s: dict, index: torch.Tensor) -> dict:
+        """One optimizer step of actor (and critic) over the rows `index`, in micro-batches."""
+        c = self.config
+        tokens = float(batch.mask[index].sum().clamp(min=1))
+        stats = {"_tokens": 0.0, "_steps": 1.0}
+        micros = [index[i:i + c.ppo.micro_batch] for i in range(0, len(index), c.ppo.micro_batch)]
+        for j, micro in enumerate(micros):
+            sub = batch.rows(micro)
+            width = sub.input_ids.shape[1]
+            cut = {k: v[micro, :width] for k, v in s.items() if torch.is_tensor(v) and v.dim() == 2}
+            share = float(sub.mask.sum()) / tokens   # token-mean over the whole mini-batch
+            sync = j == len(micros) - 1
+            for k, v in self._micro_losses(sub, cut, s["rows"][micro], share, sync).items():
+                stats[k] = stats.get(k, 0.0) + v * float(sub.mask.sum())
+            stats["_tokens"] += float(sub.mask.sum())
+        stats["grad_norm"] = self._clip_and_step(self.policy, self.actor_opt)
+        if self.critic is not None:
+            stats["critic_grad_norm"] = self._clip_and_step(self.critic, self.critic_opt)
+        return stats
+
+    def _micro_losses(self, sub: StepBatch, s: dict, rows: torch.Tensor, share: float, sync: bool) -> dict:
+        """Backward of the actor (and critic) losses of one micro-batch; returns its stats."""
+        c = self.config
+        with self._no_sync(self.policy, sync), self._autocast():
+            logp, entropy = self.policy(sub.input_ids, sub.attention_mask, sub.mask, c.rollout.temperature, True)
+        pl, pstats = rl_math.policy_loss(logp, s["old_logp"], s["advantages"], sub.mask, c.ppo.clip)
+        ent = rl_math.masked_mean(entropy, sub.mask)
+        loss = pl - c.ppo.entropy * ent
+        if self.teacher is not None and c.teacher.placement == "loss":
+            loss = loss + c.teacher.beta * rl_math.kl_penalty_loss(logp, s["teacher_logp"], sub.mask, rows,
+                                                                   c.teacher.estimator)
+        with self._no_sync(self.policy, sync):
+            self.acc.backward(loss * share)
+        stats = {"policy_loss": float(pl.detach()), "entropy": float(ent.detach()), **pstats}
+        if self.critic is not None:
+            with self._no_sync(self.critic, sync), self._autocast():
+                values = self.critic(sub.input_ids, sub.attention_mask)
+            vl, vstats = rl_math.value_loss(values, s["values"], s["returns"], sub.mask, c.ppo.value_clip)
+            with self._no_sync(self.critic, sync):
+                self.acc.backward(vl * share)
+            stats.update(value_loss=float(vl.detach()), **vstats)
+        return stats
+
+    def _no_sync(self, module: Any, sync: bool):
+        """Skip DDP's gradient all-reduce on all but the last micro-batch of a mini-batch."""
+        return contextlib.nullcontext() if sync or self.world == 1 else self.acc.no_sync(module)
+
+    def _clip_and_step(self, module: Any, optimizer: Any) -> float:
+        norm = float("nan")
+        if self.config.optim.grad_clip > 0:
+            value = self.acc.clip_grad_norm_(module.parameters(), self.config.optim.grad_clip)
+            norm = float(value) if value is not None else norm
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # -- metrics, evaluation, checkpoints -------------------------------------------------------------
+    def _metrics(self, batch: StepBatch, rollouts: list, s: dict, stats: dict) -> dict:
+        mask = batch.mask
+        rows = s["rows"]
+        turns = sum(len(r.transcript.turns()) for r in rollouts)
+        local = {
+            "reward": float(s["rewards"].sum(1).mean()),   # score minus the penalties, per rollout
+            "em": float(batch.scores.mean()),
+            "answered": sum(r.answer is not None for r in rollouts) / len(rollouts),
+            "response_length": float(mask.sum(1).mean()),
+            "searches": sum(r.n_searches for r in rollouts) / len(rollouts),
+            "invalid_rate": sum(r.n_invalid for r in rollouts) / max(turns, 1),
+            "teacher_share": float(rows.float().mean()),
+            "kl_teacher": float(rl_math.masked_mean(s["kl_teacher"], mask * rows[:, None])) if "kl_teacher" in s
+            else float("nan"),
+            "kl_ref": float(rl_math.masked_mean(s["kl_ref"], mask)) if "kl_ref" in s else float("nan"),
+            **stats,
+            "_generated": float(mask.sum()),
+        }
+        names = sorted(local)
+        reduced = self.acc.reduce(torch.tensor([local[k] for k in names], device=self.acc.device), "mean")
+        row = dict(zip(names, (float(v) for v in reduced)))
+        row["_generated"] *= self.world
+        row["lr"] = self.actor_sched.get_last_lr()[0]
+        row["critic_lr"] = self.critic_sched.get_last_lr()[0] if self.critic_sched else float("nan")
+        return row
+
+    def _watch_collapse(self, row: dict) -> None:
+        alarm = self.watch.update(row["reward"])
+        row["collapse"] = int(alarm)
+        self.state.collapse = self.watch.state_dict()
+        if alarm and self.acc.is_main_process:
+            print(f"warning: reward collapse at step {self.state.step}: moving average far below its best "
+                  f"{self.watch.best:.4f}" + ("; stopping (collapse.stop)" if self.config.collapse.stop else ""))
+        if alarm and self.config.collapse.stop:
+            self.state.stopped = f"collapse at step {self.state.step}"
+
+    def _after_step(self, eval_fn: Any, logger: Any) -> None:
+        step, every = self.state.step, self.config.eval.every
+        at_end = step == self.config.optim.steps or self.state.stopped is not None
+        evaluated = bool(eval_fn) and ((every and step % every == 0) or at_end)
+        if evaluated:
+            self._evaluate(eval_fn, logger)
+        save_every = self.config.log.save_every
+        if at_end or evaluated or (save_every and step % save_every == 0):
+            self.save_last()
+
+    def _evaluate(self, eval_fn: Any, logger: Any) -> None:
+        from .models import save_checkpoint
+
+        t0 = time.perf_counter()
+        self.acc.wait_for_everyone()
+        if self.acc.is_main_process:
+            metrics = dict(eval_fn(self.lm, self.state.step))
+            logger.eval_row({"step": self.state.step, **metrics})
+            value = metrics.get(self.config.eval.best_metric)
+            if value is not None and (self.state.best is None or value > self.state.best):
+                self.state.best, self.state.best_step = float(value), self.state.step
+                save_checkpoint(self.lm, self.tokenizer, self.ckpt / "best", extra=self._provenance(metrics))
+        self.acc.wait_for_everyone()
+        self.state.eval_s += time.perf_counter() - t0
+
+    def _provenance(self, metrics: dict | None = None) -> dict:
+        from dgpo_edge.jsonio import file_digest
+
+        return {"made_by": f"dgpo-edge train {self.config.algorithm}", "step": self.state.step,
+                "metrics": metrics or {}, "config": str(self.out / "config.yaml"),
+                "train_data": {"path": str(self.config.data.train), **file_digest(self.config.data.train)}}
+
+    def save_last(self) -> None:
+        write_last(self.acc, self.ckpt, self.lm, self.tokenizer, asdict(self.state), self._provenance())
+
+    def _summary(self) -> dict:
+        from dgpo_edge.jsonio import write_json
+
+        s = self.state
+        summary = {"algorithm": self.config.algorithm, "steps": s.step, "rollouts": s.rollouts,
+                   "elapsed_s": round(s.elapsed_s, 2), "eval_s": round(s.eval_s, 2),
+                   "peak_mem_gb": round(peak_memory_gb(), 3), "best": s.best, "best_step": s.best_step,
+                   "best_metric": self.config.eval.best_metric, "stopped": s.stopped, "processes": self.world}
+        if self.acc.is_main_process:
+            write_json(self.out / "summary.json", summary)
+        return summary
+
+
+def _frozen_copy(model: Any, device: Any, bf16: bool) -> Any:
+    import copy
+
+    ref = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16 if bf16 else torch.float32)
+    ref.requires_grad_(False)
+    return ref.eval()
+
+
+def run_rl(config: RLConfig, on_step: Callable[[int, dict], None] | None = None) -> dict:
+    """Train per `config`; returns the summary (also written to out_dir/summary.json)."""
+    return RLTrainer(config, on_step).train()

@@ -1,0 +1,77 @@
+"""A step's rollouts as tensors, and the per-step choices that must survive a resume.
+
+`pack` turns `Rollout`s into right-padded [B, L] tensors. `step_prompts`
+picks the questions of a step and `step_seed` the seeds of its sampling and
+shuffling: pure functions of (seed, step, rank), so a run restarted from a
+checkpoint draws exactly what an uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .data import batch_order
+from .rollout import Rollout
+
+
+@dataclass
+class StepBatch:
+    """One process's rollouts of a step, padded on the right."""
+
+    input_ids: torch.Tensor       # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    mask: torch.Tensor            # [B, L] float, 1 on generated tokens
+    sample_logp: torch.Tensor     # [B, L] log-probs the rollout engine sampled with
+    scores: torch.Tensor          # [B] exact match of the final answer
+    groups: torch.Tensor          # [B] question index (GRPO's groups)
+
+    def rows(self, index: torch.Tensor) -> StepBatch:
+        """The sub-batch of rows `index`, cut to its own longest row."""
+        width = int(self.attention_mask[index].sum(1).max())
+        cut = lambda t: t[index, :width]  # noqa: E731
+        return StepBatch(cut(self.input_ids), cut(self.attention_mask), cut(self.mask), cut(self.sample_logp),
+                         self.scores[index], self.groups[index])
+
+
+def pack(rollouts: Sequence[Rollout], groups: Sequence[int], pad_id: int, device: Any) -> StepBatch:
+    """Right-padded tensors of `rollouts` (the first token of every row is a prompt token)."""
+    width = max(len(r.token_ids) for r in rollouts)
+    b = len(rollouts)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.float32)
+    logp = torch.zeros((b, width), dtype=torch.float32)
+    for i, r in enumerate(rollouts):
+        n = len(r.token_ids)
+        ids[i, :n] = torch.tensor(r.token_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
+        logp[i, :n] = torch.tensor(r.logprobs, dtype=torch.float32)
+    if bool(mask[:, 0].any()):
+        raise ValueError("a rollout starts with a generated token; episodes must start with the prompt")
+    scores = torch.tensor([r.score for r in rollouts], dtype=torch.float32)
+    return StepBatch(ids.to(device), attn.to(device), mask.to(device), logp.to(device), scores.to(device),
+                     torch.tensor(list(groups), dtype=torch.long, device=device))
+
+
+def step_seed(seed: int, step: int, *parts: int) -> int:
+    """A seed for one use within a step (rank, epoch, ...), distinct for every combination."""
+    value = seed * 1_000_003 + step
+    for p in parts:
+        value = value * 10_007 + p + 1
+    return value % (2**63 - 1)
+
+
+def step_prompts(n_questions: int, per_step: int, step: int, seed: int, rank: int, world: int) -> list[int]:
+    """Indices of the questions this process plays at `step`: the step's slice of a per-epoch
+    permutation, split evenly across processes."""
+    per_epoch = batch_order(n_questions, per_step, 0, seed)
+    steps_per_epoch = len(per_epoch)
+    epoch, index = divmod(step, steps_per_epoch)
+    rows = batch_order(n_questions, per_step, epoch, seed)[index] if epoch else per_epoch[index]
+    share = len(rows) // world
+    return rows[rank * share:(rank + 1) * share]

@@ -1,0 +1,255 @@
+"""The config of `dgpo-edge train ppo | dgpo | grpo`: one dataclass, grouped sections.
+
+The three commands share one config tree; the command names the algorithm:
+
+- `ppo`  PPO with a critic (a value head on a copy of the student) and GAE.
+- `dgpo` `ppo` plus the selective teacher term (`teacher` section; DESIGN §6).
+- `grpo` several samples per question, group-normalised advantages, no critic;
+         the teacher term applies too when `teacher.path` is set.
+
+Defaults are the paper's hyperparameters (DESIGN §6) where they exist; the
+shipped YAML files (train/configs/) scale batch sizes to one GPU. Loading,
+overrides and error reporting are config.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import EvalSection, LogSection, ModelSection, RunSection
+
+ALGORITHMS = ("ppo", "dgpo", "grpo")
+ESTIMATORS = ("k1", "k3", "reverse_full", "forward_full")
+PLACEMENTS = ("reward", "loss")
+
+
+@dataclass
+class RLDataSection:
+    """Questions to train and evaluate on, and the search engine."""
+
+    train: str = ""              # QA file (any format dgpo_edge.datasets reads): questions + gold answers
+    dev: str | None = None       # QA file for greedy dev EM
+    retriever: str = ""          # an index dir (open_index) or a corpus .jsonl (BM25 in memory)
+    limit: int | None = None     # use only the first N training questions
+    dev_limit: int | None = 200  # evaluate on the first N dev questions
+    chat_template: bool = True   # wrap the Search-R1 prompt in the tokenizer's chat template
+
+
+@dataclass
+class RolloutSection:
+    """How episodes are sampled each step (the protocol limits are DGPO's)."""
+
+    prompts_per_step: int = 512  # questions per step, over all processes (split across ranks)
+    samples_per_prompt: int = 1  # rollouts per question (GRPO needs >= 2; PPO/DGPO use 1)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    batch_size: int = 256        # episodes decoded together
+    engine: str = "auto"         # auto | fast (static cache, CUDA graphs) | plain
+    top_k: int = 3               # passages per search
+    max_searches: int = 4
+    max_turn_tokens: int = 500
+    max_obs_tokens: int = 500
+    max_total_tokens: int = 4096
+
+
+@dataclass
+class PPOSection:
+    """The policy-gradient update."""
+
+    epochs: int = 1              # passes over each step's rollouts
+    mini_batch: int = 256        # rollouts per optimizer step (over all processes)
+    micro_batch: int = 8         # rollouts per forward/backward (per process)
+    clip: float = 0.2            # policy ratio clip
+    value_clip: float = 0.5      # critic clip around the old values
+    entropy: float = 0.001       # entropy bonus coefficient
+    gamma: float = 1.0           # GAE discount
+    lam: float = 1.0             # GAE lambda
+    kl_ref: float = 0.0          # coefficient of a KL-to-reference (frozen start) reward penalty; 0 = off
+    whiten: bool = True          # normalise advantages over the batch's generated tokens
+
+
+@dataclass
+class TeacherSection:
+    """DGPO's selective teacher term."""
+
+    path: str = ""               # teacher model (same tokenizer as the student); required for dgpo
+    beta: float = 0.001          # weight of the term
+    threshold: float = 0.1       # rollouts scoring below this receive it (failed ones)
+    apply_to: str = "failed"     # failed | all (the "uniform KL" ablation)
+    estimator: str = "k1"        # k1 | k3 | reverse_full | forward_full (full-vocabulary KL)
+    placement: str = "reward"    # reward (subtracted from token rewards) | loss (added to the actor loss)
+    load_in_8bit: bool = False   # load the teacher in 8 bits (needs bitsandbytes and a GPU)
+
+
+@dataclass
+class RLOptimSection:
+    """AdamW for the actor and the critic, each with warmup then a schedule."""
+
+    steps: int = 1000            # RL steps (each: rollouts, then the update)
+    lr: float = 1e-6             # actor
+    critic_lr: float = 1e-5
+    warmup_ratio: float = 0.285  # actor warmup, share of all steps
+    critic_warmup_ratio: float = 0.0
+    schedule: str = "constant"   # constant | cosine | linear (after warmup)
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0       # max global grad norm per model; 0 = off
+
+
+@dataclass
+class CriticSection:
+    """The value model: a copy of the student's body with a one-output head."""
+
+    path: str | None = None      # defaults to model.path (the paper's critic starts from the student)
+
+
+@dataclass
+class CollapseSection:
+    """Reward collapse detection: the moving average far below its running best."""
+
+    window: int = 10             # steps in the moving average
+    drop: float = 0.5            # alarm when the average < (1 - drop) x best
+    min_best: float = 0.05       # no alarm before the best average reaches this
+    stop: bool = False           # stop the run (after saving) instead of only warning
+
+
+@dataclass
+class RLLogSection(LogSection):
+    """Metrics and checkpoints (a metric row every step by default: RL steps are long)."""
+
+    every: int = 1
+
+
+@dataclass
+class RLConfig:
+    """`dgpo-edge train ppo|dgpo|grpo`: reinforcement learning of a search agent."""
+
+    algorithm: str = "dgpo"      # set by the command; a YAML value must agree with it
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: RLDataSection = field(default_factory=RLDataSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    ppo: PPOSection = field(default_factory=PPOSection)
+    teacher: TeacherSection = field(default_factory=TeacherSection)
+    critic: CriticSection = field(default_factory=CriticSection)
+    optim: RLOptimSection = field(default_factory=RLOptimSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    log: RLLogSection = field(default_factory=RLLogSection)
+    collapse: CollapseSection = field(default_factory=CollapseSection)
+    chunk_size: int = 8192       # vocabulary columns per chunk in full-vocabulary KL terms
+
+    @property
+    def stage(self) -> str:
+        return self.algorithm
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.algorithm in ("ppo", "dgpo")
+
+    @property
+    def uses_teacher(self) -> bool:
+        return self.algorithm == "dgpo" or (self.algorithm == "grpo" and bool(self.teacher.path))
+
+
+def validate_rl(config: RLConfig, path) -> None:
+    """Presence and range checks, each naming the key (InputError -> exit status 2)."""
+    from dgpo_edge.errors import InputError
+
+    def bad(key: str, why: str) -> None:
+        raise InputError(f"key {key!r} {why}", path)
+
+    def one_of(key: str, value: str, options: tuple) -> None:
+        if value not in options:
+            bad(key, f"must be one of {', '.join(options)}, got {value!r}")
+
+    one_of("algorithm", config.algorithm, ALGORITHMS)
+    for key, value in (("run.out_dir", config.run.out_dir), ("model.path", config.model.path),
+                       ("data.train", config.data.train), ("data.retriever", config.data.retriever)):
+        if not value:
+            bad(key, "is required")
+    one_of("run.precision", config.run.precision, ("auto", "bf16", "fp32"))
+    _validate_rollout(config, bad, one_of)
+    _validate_ppo(config.ppo, bad)
+    t = config.teacher
+    if config.algorithm == "dgpo" and not t.path:
+        bad("teacher.path", "is required for dgpo")
+    one_of("teacher.apply_to", t.apply_to, ("failed", "all"))
+    one_of("teacher.estimator", t.estimator, ESTIMATORS)
+    one_of("teacher.placement", t.placement, PLACEMENTS)
+    if t.beta < 0:
+        bad("teacher.beta", "must be >= 0")
+    o = config.optim
+    one_of("optim.schedule", o.schedule, ("constant", "cosine", "linear"))
+    if o.steps < 1:
+        bad("optim.steps", "must be >= 1")
+    for key, value in (("optim.lr", o.lr), ("optim.critic_lr", o.critic_lr)):
+        if not value > 0:
+            bad(key, "must be > 0")
+    for key, value in (("optim.warmup_ratio", o.warmup_ratio), ("optim.critic_warmup_ratio", o.critic_warmup_ratio)):
+        if not 0 <= value < 1:
+            bad(key, "must be in [0, 1)")
+    if config.eval.every < 0 or config.log.save_every < 0 or config.log.every < 1:
+        bad("eval.every" if config.eval.every < 0 else "log.save_every" if config.log.save_every < 0
+            else "log.every", "is out of range (every >= 0, log.every >= 1)")
+    one_of("eval.engine", config.eval.engine, ("auto", "fast", "plain"))
+    c = config.collapse
+    if c.window < 1 or not 0 < c.drop < 1:
+        bad("collapse.window" if c.window < 1 else "collapse.drop", "is out of range (window >= 1, 0 < drop < 1)")
+
+
+def _validate_rollout(config: RLConfig, bad, one_of) -> None:
+    r = config.rollout
+    one_of("rollout.engine", r.engine, ("auto", "fast", "plain"))
+    for key in ("prompts_per_step", "samples_per_prompt", "batch_size", "max_turn_tokens", "max_obs_tokens",
+                "max_total_tokens", "top_k"):
+        if getattr(r, key) < 1:
+            bad(f"rollout.{key}", "must be >= 1")
+    if r.max_searches < 0:
+        bad("rollout.max_searches", "must be >= 0")
+    if not r.temperature > 0 or not 0 < r.top_p <= 1:
+        bad("rollout.temperature" if not r.temperature > 0 else "rollout.top_p", "is out of range")
+    if config.algorithm == "grpo" and r.samples_per_prompt < 2:
+        bad("rollout.samples_per_prompt", "must be >= 2 for grpo (advantages are relative to the group)")
+    rollouts = r.prompts_per_step * r.samples_per_prompt
+    if config.ppo.mini_batch > rollouts or rollouts % config.ppo.mini_batch:
+        bad("ppo.mini_batch", f"must divide the {rollouts} rollouts of a step "
+                              "(rollout.prompts_per_step x rollout.samples_per_prompt)")
+
+
+def _validate_ppo(p: PPOSection, bad) -> None:
+    for key in ("epochs", "mini_batch", "micro_batch"):
+        if getattr(p, key) < 1:
+            bad(f"ppo.{key}", "must be >= 1")
+    for key in ("clip", "value_clip"):
+        if not getattr(p, key) > 0:
+            bad(f"ppo.{key}", "must be > 0")
+    for key in ("gamma", "lam"):
+        if not 0 <= getattr(p, key) <= 1:
+            bad(f"ppo.{key}", "must be in [0, 1]")
+    if p.entropy < 0 or p.kl_ref < 0:
+        bad("ppo.entropy" if p.entropy < 0 else "ppo.kl_ref", "must be >= 0")
+
+
+def load_rl_config(algorithm: str, path, overrides: list[str] = ()) -> RLConfig:
+    """Read YAML + overrides for `train <algorithm>`; a YAML `algorithm` must match the command."""
+    from dgpo_edge.errors import InputError
+
+    from .config import load_config
+
+    # The command has the last word; validation waits until the YAML's own value is compared.
+    config = load_config(RLConfig, path, [*overrides, f"algorithm={algorithm}"], validator=lambda c, p: None)
+    raw_algorithm = _yaml_algorithm(path)
+    if raw_algorithm is not None and raw_algorithm != algorithm:
+        raise InputError(f"the config is for `train {raw_algorithm}`, not `train {algorithm}`", path)
+    validate_rl(config, path)
+    return config
+
+
+def _yaml_algorithm(path) -> str | None:
+    import yaml
+
+    raw = yaml.safe_load(open(path, encoding="utf-8")) or {}
+    value = raw.get("algorithm") if isinstance(raw, dict) else None
+    return None if value is None else str(value)

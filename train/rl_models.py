@@ -1,0 +1,150 @@
+"""The models of an RL run: the policy's log-prob head, the critic, the teacher.
+
+Token alignment (shared with train/rl_math.py): for a sequence of ids, the
+value at position t belongs to token t - the log-prob of token t given the
+tokens before it, the entropy of that next-token distribution, and the
+critic's value of the state in which token t is chosen. Position 0 has none.
+
+Only generated positions matter, so the LM head runs on the hidden states of
+those positions alone (a trajectory is mostly prompt and retrieved passages),
+in row chunks, which keeps full [tokens, vocabulary] logits out of memory
+except for the rows in flight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dgpo_edge.errors import InputError
+
+from . import rl_math
+
+
+def select_hidden(hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden states that predict the masked tokens [N, H], those tokens [N]), row-major order."""
+    where = mask[:, 1:].bool()
+    return hidden[:, :-1][where], input_ids[:, 1:][where]
+
+
+def head_logps(head: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+               entropy: bool = False, rows: int = 2048) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(head(h) / T) at `targets` [N] (and the entropies [N]), `rows` at a time."""
+    logps, ents = [], []
+    for i in range(0, hidden.shape[0], rows):
+        logits = head(hidden[i:i + rows]).float() / temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        logps.append(logp.gather(-1, targets[i:i + rows, None])[:, 0])
+        if entropy:
+            ents.append(rl_math.entropy_from_logits(logits))
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    flat = torch.cat(logps) if logps else empty
+    return flat, (torch.cat(ents) if ents else empty) if entropy else None
+
+
+def scatter(flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Put per-generated-token values [N] back into a [B, L] tensor (0 elsewhere); differentiable."""
+    out = torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device)
+    return out.masked_scatter(mask.bool(), flat)
+
+
+class PolicyHead(torch.nn.Module):
+    """Wraps the causal LM so that `accelerate.prepare` (DDP, autocast) sees one forward.
+
+    forward -> (log-probs [B, L], entropies [B, L] or None), zero off the mask.
+    """
+
+    def __init__(self, lm: Any):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, attention_mask, mask, temperature: float = 1.0, entropy: bool = False):
+        hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        h, targets = select_hidden(hidden, input_ids, mask)
+        logp, ent = head_logps(self.lm.get_output_embeddings(), h, targets, temperature, entropy)
+        return scatter(logp, mask), None if ent is None else scatter(ent, mask)
+
+
+class ValueModel(torch.nn.Module):
+    """The critic: the student's transformer body with a linear head to one value per position.
+
+    The head starts at zero, so the first values are 0 and the first advantages
+    are the plain returns. forward -> values [B, L] (fp32), aligned as above.
+    """
+
+    def __init__(self, body: Any, hidden_size: int):
+        super().__init__()
+        self.body = body
+        self.head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        v = self.head(hidden).squeeze(-1).float()
+        return torch.nn.functional.pad(v[:, :-1], (1, 0))
+
+
+def make_critic(lm: Any) -> ValueModel:
+    """A critic from a (freshly loaded) copy of the student; its LM head is dropped."""
+    return ValueModel(lm.base_model, lm.config.hidden_size)
+
+
+# --- teacher and reference ----------------------------------------------------------------
+
+def check_same_tokenizer(student_tok: Any, teacher_tok: Any, where: str) -> None:
+    """DGPO compares log-probs token by token: the vocabularies must be identical."""
+    if student_tok.get_vocab() != teacher_tok.get_vocab():
+        raise InputError(f"the teacher's tokenizer differs from the student's ({len(teacher_tok):,} vs "
+                         f"{len(student_tok):,} tokens); DGPO needs the same tokenizer", where)
+
+
+def load_frozen(path: str, device: Any, bf16: bool, load_in_8bit: bool = False) -> tuple[Any, Any]:
+    """(model, tokenizer) with gradients off, in eval mode, bf16 on GPUs that have it."""
+    from .sft import load_lm, load_tokenizer
+
+    if load_in_8bit:
+        model, tokenizer = _load_8bit(path), load_tokenizer(path)
+    else:
+        model, tokenizer = load_lm(path)
+        model = model.to(device=device, dtype=torch.bfloat16 if bf16 else torch.float32)
+    model.requires_grad_(False)
+    return model.eval(), tokenizer
+
+
+def _load_8bit(path: str) -> Any:
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise InputError("teacher.load_in_8bit needs bitsandbytes (pip install bitsandbytes) and a GPU",
+                         path) from None
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    return AutoModelForCausalLM.from_pretrained(path, quantization_config=BitsAndBytesConfig(load_in_8bit=True),
+                                                device_map={"": torch.cuda.current_device()})
+
+
+@torch.no_grad()
+def frozen_logps(lm: Any, input_ids, attention_mask, mask, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs [B, L] of the masked tokens under a frozen model (teacher or reference)."""
+    return PolicyHead(lm)(input_ids, attention_mask, mask, temperature)[0]
+
+
+@torch.no_grad()
+def full_vocab_kl(student: Any, teacher: Any, input_ids, attention_mask, mask, direction: str,
+                  temperature: float = 1.0, rows: int = 1024) -> torch.Tensor:
+    """Full-vocabulary KL per generated token [B, L] between the student's and the teacher's
+    next-token distributions (`direction` reverse = KL(student || teacher))."""
+    hs, targets = select_hidden(student.base_model(input_ids=input_ids, attention_mask=attention_mask)
+                                .last_hidden_state, input_ids, mask)
+    ht, _ = select_hidden(teacher.base_model(input_ids=input_ids, attention_mask=attention_mask)
+                          .last_hidden_state, input_ids, mask)
+    head_s, head_t = student.get_output_embeddings(), teacher.get_output_embeddings()
+    parts = []
+    for i in range(0, hs.shape[0], rows):
+        ls = head_s(hs[i:i + rows]).float() / temperature
+        lt = head_t(ht[i:i + rows]).float() / temperature
+        parts.append(rl_math.full_vocab_kl(ls, lt, direction=direction))
+    flat = torch.cat(parts) if parts else hs.new_zeros(0, dtype=torch.float32)
+    return scatter(flat, mask)
