@@ -150,6 +150,19 @@ def test_grpo_uses_groups_and_no_critic(toy, tmp_path):
     assert not (out / "checkpoints" / "last" / "state" / "model_1.safetensors").exists()
 
 
+def test_grpo_with_a_teacher_is_dgpo_with_grpo(toy, tmp_path):
+    out = tmp_path / "grpo-teacher"
+    cfg = load_rl_config("grpo", write_rl_config(toy, out, rollout={"prompts_per_step": 2, "samples_per_prompt": 4},
+                                                 optim={"steps": 1}, teacher={"beta": 0.1}))
+    assert cfg.uses_teacher and not cfg.uses_critic
+    run_rl(cfg)
+    r = rows(out)[0]
+    failed = 1 - float(r["em"])
+    assert float(r["teacher_share"]) == pytest.approx(failed)
+    if failed:
+        assert float(r["reward"]) < float(r["em"]) and float(r["kl_teacher"]) > 0
+
+
 @pytest.mark.parametrize("teacher", [{"estimator": "reverse_full"}, {"estimator": "k3", "placement": "loss"},
                                      {"apply_to": "all"}])
 def test_teacher_term_variants_run(toy, tmp_path, teacher):
@@ -273,3 +286,12 @@ def test_two_cpu_processes_split_the_rollouts(toy, tmp_path):
     assert all(not torch.equal(before[k], after[k]) for k in before)
     assert sorted(p.name for p in (out / "checkpoints/last/state").glob("random_states_*")) == \
         ["random_states_0.pkl", "random_states_1.pkl"]
+
+
+def test_8bit_teacher_needs_bitsandbytes(toy, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        pytest.skip("bitsandbytes is installed: the refusal cannot be seen")
+    config = write_rl_config(toy, tmp_path / "run", teacher={"load_in_8bit": True})
+    assert_one_line_error(invoke("train", "dgpo", "--config", config), "bitsandbytes")
