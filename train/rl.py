@@ -18,6 +18,9 @@ One step:
    entropy bonus and (placement "loss") the teacher term for the actor; the
    clipped value loss for the critic; one optimizer step each per mini-batch.
 
+Processes: one, DDP, or DeepSpeed ZeRO-2 with the actor and the critic as two DeepSpeed
+engines (rl_deepspeed.py; ZeRO-3 is refused).
+
 The math is in rl_math.py, the models in rl_models.py. Everything random is
 seeded by (seed, step, process), and checkpoints/last holds the models,
 optimizers, schedulers, RNG and the loop state, so a run killed at any point
@@ -39,7 +42,7 @@ import torch
 from dgpo_edge.errors import InputError
 from dgpo_edge.protocol import ProtocolConfig
 
-from . import rl_math
+from . import rl_deepspeed, rl_math
 from .rl_batch import StepBatch, pack, step_prompts, step_seed
 from .rl_config import RLConfig
 from .rl_models import PolicyHead, check_same_tokenizer, frozen_logps, full_vocab_kl, load_frozen, make_critic
@@ -90,11 +93,13 @@ class RLTrainer:
     """Runs one `train ppo|dgpo|grpo` job; see the module docstring."""
 
     def __init__(self, config: RLConfig, on_step: Callable[[int, dict], None] | None = None):
-        from .trainer import make_accelerator
+        from .trainer import zero_stage
 
         self.config = config
         self.on_step = on_step
-        self.acc = make_accelerator(config)
+        # Under DeepSpeed the critic's engine has an Accelerator of its own (rl_deepspeed.py).
+        self.acc, self.critic_acc = rl_deepspeed.make_rl_accelerators(config)
+        self.deepspeed = zero_stage(self.acc) is not None
         self.out = Path(config.run.out_dir)
         self.ckpt = self.out / "checkpoints"
         self.bf16 = self.acc.mixed_precision == "bf16"
@@ -108,14 +113,6 @@ class RLTrainer:
 
     # -- setup ---------------------------------------------------------------------------------
     def _check_sizes(self) -> None:
-        from .trainer import zero_stage
-
-        if zero_stage(self.acc) is not None:
-            # accelerate needs one plugin and one Accelerator per DeepSpeed model (actor, critic),
-            # and the rollout engine reads whole weights in place: not wired yet.
-            raise InputError("train ppo/dgpo/grpo runs one process per GPU under DDP "
-                             "(accelerate launch --config_file train/configs/accelerate-ddp.yaml); "
-                             "DeepSpeed is not supported for RL yet")
         c, world = self.config, self.world
         if c.rollout.prompts_per_step % world or c.ppo.mini_batch % world:
             raise InputError(f"rollout.prompts_per_step ({c.rollout.prompts_per_step}) and ppo.mini_batch "
@@ -166,6 +163,20 @@ class RLTrainer:
             opt, lr_lambda(o.steps, round(warm * o.steps), o.schedule))
         actor_opt = adam(policy.parameters(), o.lr)
         self.actor_sched = schedule(actor_opt, o.warmup_ratio)
+        (self._prepare_engines if self.deepspeed else self._prepare_ddp)(policy, actor_opt, adam, schedule)
+        # The rollout engine reads the actor's parameters in place: its CUDA graphs stay valid
+        # across optimizer steps, so one engine serves the whole run.
+        r = c.rollout
+        self.rollout_config = RolloutConfig(
+            protocol=ProtocolConfig(top_k=r.top_k, max_searches=r.max_searches, max_turn_tokens=r.max_turn_tokens,
+                                    max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens),
+            temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
+            chat_template=c.data.chat_template)
+        self.engine = make_engine(self.lm, self.tokenizer, self.rollout_config)
+
+    def _prepare_ddp(self, policy: Any, actor_opt: Any, adam: Callable, schedule: Callable) -> None:
+        """One process, or DDP: actor and critic prepared together by the one Accelerator."""
+        o = self.config.optim
         if self.critic is not None:
             critic_opt = adam(self.critic.parameters(), o.critic_lr)
             self.critic_sched = schedule(critic_opt, o.critic_warmup_ratio)
@@ -176,15 +187,26 @@ class RLTrainer:
             self.policy, self.actor_opt = self.acc.prepare(policy, actor_opt)
             self.critic_opt = self.critic_sched = None
         self.acc.register_for_checkpointing(self.actor_sched)
-        # The rollout engine reads the actor's parameters in place: its CUDA graphs stay valid
-        # across optimizer steps, so one engine serves the whole run.
-        r = c.rollout
-        self.rollout_config = RolloutConfig(
-            protocol=ProtocolConfig(top_k=r.top_k, max_searches=r.max_searches, max_turn_tokens=r.max_turn_tokens,
-                                    max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens),
-            temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
-            chat_template=c.data.chat_template)
-        self.engine = make_engine(self.lm, self.tokenizer, self.rollout_config)
+
+    def _prepare_engines(self, policy: Any, actor_opt: Any, adam: Callable, schedule: Callable) -> None:
+        """DeepSpeed: the actor and the critic each prepared by its own Accelerator (rl_deepspeed.py);
+        the schedulers stay on the raw AdamW, whose learning rate the engines' optimizers read."""
+        o = self.config.optim
+        self.policy, self.actor_opt = rl_deepspeed.prepare(self.acc, "actor", policy, actor_opt, self.config)
+        self.acc.register_for_checkpointing(self.actor_sched)
+        self.critic_opt = self.critic_sched = None
+        if self.critic is not None:
+            critic_opt = adam(self.critic.parameters(), o.critic_lr)
+            self.critic_sched = schedule(critic_opt, o.critic_warmup_ratio)
+            self.critic, self.critic_opt = rl_deepspeed.prepare(self.critic_acc, "critic", self.critic, critic_opt,
+                                                                self.config)
+            self.critic_acc.register_for_checkpointing(self.critic_sched)
+
+    def _states(self) -> dict | None:
+        """Under DeepSpeed, each engine's Accelerator with its folder under checkpoints/last/state."""
+        if not self.deepspeed:
+            return None
+        return {"actor": self.acc, **({"critic": self.critic_acc} if self.critic is not None else {})}
 
     @property
     def lm(self) -> Any:
@@ -196,7 +218,7 @@ class RLTrainer:
         """Run to `optim.steps` (or a collapse stop), resuming from checkpoints/last when present."""
         from .sft import make_eval_fn
 
-        saved = prepare_run_dir(self.acc, self.config, self.out)
+        saved = prepare_run_dir(self.acc, self.config, self.out, states=self._states())
         if saved is not None:
             self.state = RLState(**saved)
             self.watch.load_state_dict(self.state.collapse)
@@ -223,7 +245,9 @@ class RLTrainer:
                     self.on_step(self.state.step, row)
         self.state.elapsed_s = time.perf_counter() - t_start
         logger.close()
-        return self._summary()
+        summary = self._summary()
+        self.acc.end_training()  # the process group, under a distributed launch
+        return summary
 
     def step(self) -> dict:
         """One RL step on this process; returns the metric row (averaged over processes)."""
@@ -386,23 +410,34 @@ class RLTrainer:
         if self.teacher is not None and c.teacher.placement == "loss":
             loss = loss + c.teacher.beta * rl_math.kl_penalty_loss(logp, s["teacher_logp"], sub.mask, rows,
                                                                    c.teacher.estimator)
-        with self._no_sync(self.policy, sync):
-            self.acc.backward(loss * share)
+        self._backward(self.policy, loss * share, sync)
         stats = {"policy_loss": float(pl.detach()), "entropy": float(ent.detach()), **pstats}
         if self.critic is not None:
             with self._no_sync(self.critic, sync), self._autocast():
                 values = self.critic(sub.input_ids, sub.attention_mask)
             vl, vstats = rl_math.value_loss(values, s["values"], s["returns"], sub.mask, c.ppo.value_clip)
-            with self._no_sync(self.critic, sync):
-                self.acc.backward(vl * share)
+            self._backward(self.critic, vl * share, sync)
             stats.update(value_loss=float(vl.detach()), **vstats)
         return stats
 
     def _no_sync(self, module: Any, sync: bool):
-        """Skip DDP's gradient all-reduce on all but the last micro-batch of a mini-batch."""
-        return contextlib.nullcontext() if sync or self.world == 1 else self.acc.no_sync(module)
+        """Skip DDP's gradient all-reduce on all but the last micro-batch of a mini-batch
+        (DeepSpeed: the engine's own boundary does that, see `_backward`)."""
+        if sync or self.world == 1 or self.deepspeed:
+            return contextlib.nullcontext()
+        return self.acc.no_sync(module)
+
+    def _backward(self, module: Any, loss: torch.Tensor, sync: bool) -> None:
+        """Accumulate the gradients of one micro-batch; `sync` marks the mini-batch's last."""
+        if self.deepspeed:
+            rl_deepspeed.backward(module, loss, sync)
+            return
+        with self._no_sync(module, sync):
+            self.acc.backward(loss)
 
     def _clip_and_step(self, module: Any, optimizer: Any) -> float:
+        if self.deepspeed:
+            return rl_deepspeed.step(module)
         norm = float("nan")
         if self.config.optim.grad_clip > 0:
             value = self.acc.clip_grad_norm_(module.parameters(), self.config.optim.grad_clip)
@@ -481,7 +516,8 @@ class RLTrainer:
                 "train_data": {"path": str(self.config.data.train), **file_digest(self.config.data.train)}}
 
     def save_last(self) -> None:
-        write_last(self.acc, self.ckpt, self.lm, self.tokenizer, asdict(self.state), self._provenance())
+        write_last(self.acc, self.ckpt, self.lm, self.tokenizer, asdict(self.state), self._provenance(),
+                   states=self._states())
 
     def _summary(self) -> dict:
         from dgpo_edge.jsonio import write_json

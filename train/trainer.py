@@ -59,8 +59,11 @@ class TrainState:
     tokens: int = 0
 
 
-def make_accelerator(config: Any) -> Any:
-    """An Accelerator honouring run.precision and optim.grad_accum (and any `accelerate launch` setup)."""
+def make_accelerator(config: Any, *, deepspeed_plugins: dict | None = None, accumulate: int | None = None) -> Any:
+    """An Accelerator honouring run.precision and optim.grad_accum (and any `accelerate launch` setup).
+
+    `deepspeed_plugins` (name -> DeepSpeedPlugin) lets one DeepSpeed run hold several engines (the RL
+    actor and critic); `accumulate` overrides optim.grad_accum (RL: micro-batches per mini-batch)."""
     import torch
     from accelerate import Accelerator
 
@@ -72,9 +75,10 @@ def make_accelerator(config: Any) -> Any:
     # own device (DS_ACCELERATOR=cpu runs it on CPU, as the tests do).
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     # RL steps accumulate micro-batches themselves (no optim.grad_accum there).
-    accumulate = getattr(config.optim, "grad_accum", 1)
+    if accumulate is None:
+        accumulate = getattr(config.optim, "grad_accum", 1)
     return Accelerator(gradient_accumulation_steps=accumulate, cpu=not (torch.cuda.is_available() or deepspeed),
-                       mixed_precision="bf16" if precision == "bf16" else "no")
+                       mixed_precision="bf16" if precision == "bf16" else "no", deepspeed_plugins=deepspeed_plugins)
 
 
 def zero_stage(accelerator: Any) -> int | None:
@@ -233,6 +237,7 @@ class Trainer:
                     self.on_step(self.state.step, stats)
         self.state.elapsed_s = time.perf_counter() - t_start  # include the final evaluation and save
         logger.close()
+        self.acc.end_training()  # the process group, under a distributed launch
         return self._summary()
 
     def _optimizer_step(self) -> dict:
@@ -349,12 +354,14 @@ class Trainer:
 # --- run directories and checkpoints (shared with the RL trainer) ---------------------------
 
 def write_last(acc: Any, ckpt: Path, lm: Any, tokenizer: Any, state: dict, provenance: dict, *,
-               module: Any = None) -> None:
+               module: Any = None, states: dict | None = None) -> None:
     """checkpoints/last: the model in transformers format, `state/` (accelerate: every prepared
     model, optimizer, registered scheduler and the RNG) and trainer_state.json.
 
     `module` is the prepared module holding `lm` as `.lm`; pass it under DeepSpeed ZeRO-3, where
     `lm` itself holds only empty shards: its weights are then gathered (every rank must call this).
+    `states` (name -> Accelerator) replaces `acc`'s state/ by state/<name> per accelerator: under
+    DeepSpeed each engine (RL actor, critic) has its own Accelerator, which saves only its own models.
     Written into a temp dir and swapped in, so a crash leaves the previous `last` intact.
     """
     tmp = ckpt / ".last.tmp"
@@ -362,7 +369,9 @@ def write_last(acc: Any, ckpt: Path, lm: Any, tokenizer: Any, state: dict, prove
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     acc.wait_for_everyone()
-    acc.save_state(str(tmp / "state"))
+    for holder, folder in _state_dirs(acc, tmp / "state", states):
+        with _quiet_logger("accelerate.utils.other"):  # "Removed shared tensor": tied embeddings, saved once
+            holder.save_state(str(folder))
     state_dict = None if module is None else lm_state_dict(acc, module)  # every rank: ZeRO-3 gathers
     if acc.is_main_process:
         lm.save_pretrained(tmp, state_dict=state_dict)
@@ -386,9 +395,24 @@ def lm_state_dict(acc: Any, module: Any) -> dict | None:
     return None if full is None else {k.removeprefix("lm."): v for k, v in full.items()}
 
 
-def prepare_run_dir(acc: Any, config: Any, out: Path) -> dict | None:
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    """Raise one library logger to ERROR for the duration of a block."""
+    import logging
+
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = None) -> dict | None:
     """Create out_dir, write the resolved config, recover from an interrupted swap, and - when
-    `run.resume` and `checkpoints/last` exist - load the saved state; returns trainer_state or None."""
+    `run.resume` and `checkpoints/last` exist - load the saved state (from state/<name> into each of
+    `states`, as `write_last` saved it); returns trainer_state or None."""
     ckpt = out / "checkpoints"
     last, old = ckpt / "last", ckpt / ".last.old"
     resuming = config.run.resume and ((last / "trainer_state.json").is_file()
@@ -404,11 +428,17 @@ def prepare_run_dir(acc: Any, config: Any, out: Path) -> dict | None:
     acc.wait_for_everyone()
     if not resuming:
         return None
-    acc.load_state(str(last / "state"))
+    for holder, folder in _state_dirs(acc, last / "state", states):
+        holder.load_state(str(folder))
     saved = json.loads((last / "trainer_state.json").read_text())
     if acc.is_main_process:
         print(f"resuming from {last} at step {saved['step']}")
     return saved
+
+
+def _state_dirs(acc: Any, root: Path, states: dict | None) -> list[tuple[Any, Path]]:
+    """(accelerator, folder) pairs for save_state/load_state: `root` alone, or root/<name> per entry."""
+    return [(acc, root)] if not states else [(holder, root / name) for name, holder in states.items()]
 
 
 def _fill_deepspeed_autos(accelerator: Any, optim: Any, world: int) -> None:
