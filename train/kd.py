@@ -30,17 +30,15 @@ from .sft import load_lm, make_eval_fn, report_data
 
 def load_teacher(config: KDConfig, student: Any, device: Any, bf16: bool) -> Any:
     """The frozen teacher, on the student's device; refuses a different vocabulary."""
-    import torch
+    from .rl_models import load_frozen
 
-    teacher, _ = load_lm(config.kd.teacher)
+    teacher, _ = load_frozen(config.kd.teacher, device, bf16)
     v_s = student.get_output_embeddings().weight.shape[0]
     v_t = teacher.get_output_embeddings().weight.shape[0]
     if v_s != v_t:
         raise InputError(f"kd.teacher has a vocabulary of {v_t:,} rows but the student has {v_s:,}; "
                          "distillation needs the same tokenizer", config.kd.teacher)
-    teacher.requires_grad_(False)
-    teacher.eval()
-    return teacher.to(device=device, dtype=torch.bfloat16 if bf16 else torch.float32)
+    return teacher
 
 
 def on_policy_turn(lm: Any, tokenizer: Any, examples: list[Example], max_new_tokens: int) -> list[Example]:

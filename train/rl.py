@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +45,23 @@ from dgpo_edge.protocol import ProtocolConfig
 from . import rl_deepspeed, rl_math
 from .rl_batch import StepBatch, pack, step_prompts, step_seed
 from .rl_config import RLConfig
-from .rl_models import PolicyHead, check_same_tokenizer, frozen_logps, full_vocab_kl, load_frozen, make_critic
+from .rl_models import (
+    PolicyHead,
+    check_same_tokenizer,
+    frozen_logps,
+    full_vocab_kl,
+    load_frozen,
+    make_critic,
+)
 from .rollout import RolloutConfig, generate_rollouts, make_engine
-from .trainer import _Loggers, _progress, lr_lambda, peak_memory_gb, prepare_run_dir, write_last
+from .trainer import (
+    _Loggers,
+    _progress,
+    lr_lambda,
+    peak_memory_gb,
+    prepare_run_dir,
+    write_last,
+)
 
 RL_COLUMNS = ("step", "reward", "em", "answered", "response_length", "searches", "invalid_rate",
               "teacher_share", "kl_teacher", "kl_ref", "entropy", "policy_loss", "value_loss", "clip_frac",
@@ -145,9 +159,8 @@ class RLTrainer:
                 body.gradient_checkpointing_enable()
             self.critic = make_critic(body)
         self.reference = None
-        if c.ppo.kl_ref > 0:
-            self.reference, _ = load_frozen(c.model.path, device, self.bf16) if not c.model.random_init \
-                else (_frozen_copy(actor, device, self.bf16), None)
+        if c.ppo.kl_ref > 0:  # the starting student, frozen: a copy, not a second load from disk
+            self.reference = _frozen_copy(actor, device, self.bf16)
         self.teacher = None
         if c.uses_teacher:  # the cheap tokenizer check before the weights
             check_same_tokenizer(self.tokenizer, load_tokenizer(c.teacher.path), c.teacher.path)
@@ -271,7 +284,7 @@ class RLTrainer:
         n = c.rollout.samples_per_prompt
         chosen = [self.examples[i] for i in picks for _ in range(n)]
         groups = [i for i in picks for _ in range(n)]
-        config = RolloutConfig(**{**self.rollout_config.__dict__, "seed": step_seed(c.run.seed, step, self.rank)})
+        config = replace(self.rollout_config, seed=step_seed(c.run.seed, step, self.rank))
         rollouts = generate_rollouts(self.lm, self.tokenizer, [e.question for e in chosen],
                                      [tuple(e.answers) for e in chosen], self.retriever, config, engine=self.engine)
         return pack(rollouts, groups, self.pad_id, self.acc.device), rollouts
@@ -511,9 +524,10 @@ class RLTrainer:
     def _provenance(self, metrics: dict | None = None) -> dict:
         from dgpo_edge.jsonio import file_digest
 
+        if not hasattr(self, "_data_digest"):  # hashed once, not at every checkpoint
+            self._data_digest = {"path": str(self.config.data.train), **file_digest(self.config.data.train)}
         return {"made_by": f"dgpo-edge train {self.config.algorithm}", "step": self.state.step,
-                "metrics": metrics or {}, "config": str(self.out / "config.yaml"),
-                "train_data": {"path": str(self.config.data.train), **file_digest(self.config.data.train)}}
+                "metrics": metrics or {}, "config": str(self.out / "config.yaml"), "train_data": self._data_digest}
 
     def save_last(self) -> None:
         write_last(self.acc, self.ckpt, self.lm, self.tokenizer, asdict(self.state), self._provenance(),
