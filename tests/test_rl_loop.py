@@ -2,8 +2,9 @@
 
 The toy task is the rollout tests' one: a BM25 corpus of five invented
 countries and one question ("What is the capital of Freedonia"). The student
-is the memorizer (greedy gets it right, sampling at T = 0.5 about a third of
-the time); the teacher is the same model trained further until it is
+is the memorizer with its logits scaled so that sampling at T = 0.5 repeats
+its episode 10% of the time (other right answers bring the sampled EM to
+0.25-0.4; greedy is always right); the teacher is the same model trained further until it is
 confident. Every part is real: rollouts search the real store, rewards are
 exact match, models are transformers Llamas over SmolLM2's tokenizer.
 """
@@ -61,14 +62,44 @@ def _confident(model, tokenizer, retriever):
     return model.eval()
 
 
+def _calibrated(model, tokenizer, retriever, temperature: float = 0.5, target: float = 0.1):
+    """The memorizer with its logits scaled so that sampling at `temperature` reproduces its episode
+    with probability `target`.
+
+    The memorizer stops training once greedy is right, so how often sampling
+    succeeds depends on the machine's floating point (0 to 0.5 seen across CPU
+    kernels). Scaling the final norm scales every logit (argmax unchanged),
+    which pins the starting reward and so the pace of learning.
+    """
+    model = copy.deepcopy(model)
+    tt = support.episode_transcripts(tokenizer, retriever)[0].tokenize(encoder_for(tokenizer))
+    ids = torch.tensor([tt.ids])
+    where = torch.tensor([tt.mask[1:] + [0]], dtype=torch.bool)
+    with torch.no_grad():
+        logits = model.lm_head(model.model(input_ids=ids).last_hidden_state[where]).double()
+    targets = ids[:, 1:][where[:, :-1]]
+
+    def logp(scale: float) -> float:
+        return float(torch.log_softmax(logits * scale / temperature, -1).gather(1, targets[:, None]).sum())
+
+    lo, hi = 1e-3, 1e3               # log p(episode) rises with the scale while every target is the argmax
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if logp(mid) < math.log(target) else (lo, mid)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(math.sqrt(lo * hi))
+    return model
+
+
 @pytest.fixture(scope="module")
 def toy(request, tmp_path_factory):
     """Folders: student, teacher, train.jsonl (the question 32 times), dev.jsonl, corpus.jsonl."""
     tok = support.smol_tok_fixture(request, tmp_path_factory)
     root = tmp_path_factory.mktemp("rl-toy")
     retriever = support.bm25_retriever(root)
-    student = support.memorized_model(tok, retriever, support.cache_dir(request, tmp_path_factory,
-                                                                         "dgpo-rollout-models"))
+    student = _calibrated(support.memorized_model(tok, retriever, support.cache_dir(request, tmp_path_factory,
+                                                                                    "dgpo-rollout-models")),
+                          tok, retriever)
     teacher = _confident(student, tok, retriever)
     retriever.close()
     for name, model in (("student", student), ("teacher", teacher)):
@@ -110,14 +141,17 @@ def rows(run: Path, drop_timing: bool = True) -> list[dict]:
 def test_dgpo_raises_the_reward(toy, tmp_path):
     out = tmp_path / "dgpo"
     cfg = load_rl_config("dgpo", write_rl_config(toy, out, rollout={"prompts_per_step": 32},
-                                                 ppo={"mini_batch": 16, "micro_batch": 16}, optim={"steps": 6}))
+                                                 ppo={"mini_batch": 16, "micro_batch": 16}, optim={"steps": 8}))
     summary = run_rl(cfg)
-    assert summary["steps"] == 6 and summary["rollouts"] == 6 * 32
+    assert summary["steps"] == 8 and summary["rollouts"] == 8 * 32
     em = [float(r["em"]) for r in rows(out)]
     first = rows(out)[0]
     assert float(first["teacher_share"]) == pytest.approx(1 - em[0])      # the failed rollouts, only them
     assert math.isfinite(float(first["kl_teacher"])) and float(first["kl_teacher"]) > 0
-    assert sum(em[3:]) / 3 >= em[0] + 0.2, em
+    # Each step's EM is a mean of 32 samples (standard error ~0.09), so compare window means. With torch's
+    # default, AVX2 and AVX-512 kernels (ATEN_CPU_CAPABILITY) the last three steps beat the first two by
+    # 0.26-0.44; a run that does not learn stays near 0.
+    assert sum(em[-3:]) / 3 >= sum(em[:2]) / 2 + 0.15, em
 
 
 def test_ppo_trains_every_parameter_of_actor_and_critic(toy, tmp_path):
@@ -184,7 +218,9 @@ def test_resume_after_kill_9_logs_the_same_metrics(toy, tmp_path):
     run_rl(load_rl_config("dgpo", write_rl_config(toy, whole, **steps)))
     killed = tmp_path / "killed"
     config = write_rl_config(toy, killed, **steps)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # The same thread count as this process: summation order then matches, so counts at a threshold
+    # (clip fractions) do not flip on a last-bit difference.
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen([sys.executable, "-m", "dgpo_edge", "train", "dgpo", "--config", str(config)],
                             env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -205,8 +241,8 @@ SAMPLED = ("em", "answered", "response_length", "searches", "invalid_rate", "tea
 
 
 def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
-    """What the sampled tokens decide must be equal; losses equal up to float summation order
-    (the killed run's subprocess and this process may use different thread counts)."""
+    """What the sampled tokens decide must be equal; losses equal up to float rounding (the killed
+    run is another process, which may pick other kernels)."""
     assert [r["step"] for r in got] == [r["step"] for r in want]
     for a, b in zip(got, want):
         assert {k: a[k] for k in SAMPLED} == {k: b[k] for k in SAMPLED}
@@ -271,7 +307,9 @@ def test_two_cpu_processes_split_the_rollouts(toy, tmp_path):
         port = s.getsockname()[1]
     out = tmp_path / "ddp"
     config = write_rl_config(toy, out, optim={"steps": 2}, ppo={"mini_batch": 4, "micro_batch": 2})
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # The same thread count as this process: summation order then matches, so counts at a threshold
+    # (clip fractions) do not flip on a last-bit difference.
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "TOKENIZERS_PARALLELISM": "false"}
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
               str(ROOT / "train" / "configs" / "accelerate-cpu-2proc.yaml"), "--main_process_port", str(port),
               "-m", "dgpo_edge", "train", "dgpo", "--config", str(config)]
