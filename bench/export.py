@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dgpo_edge.engines.onnx_genai import cpu_config
 from dgpo_edge.export.gguf_verify import open_llama, verify_gguf
 from dgpo_edge.export.gguf_writer import write_gguf
 from dgpo_edge.export.onnx_export import export_onnx, verify_onnx
@@ -167,8 +168,7 @@ def bench_onnx(ckpt: Path, work: Path, ref: Reference, prompt: list[int], args) 
         export_onnx(ckpt, path, "int4", threads=args.threads)
     parity = verify_onnx(ckpt, path, "int4", reference=ref)
     save_parity(parity, path / "onnx.parity.json")  # a directory: always re-checked
-    config = og.Config(str(path))
-    model = og.Model(config)
+    model = og.Model(cpu_config(og, path, args.threads))
     arr = np.array([prompt], dtype=np.int32)
 
     def generator():

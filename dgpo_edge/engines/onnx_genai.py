@@ -27,6 +27,17 @@ from .base import Engine, eos_ids_of
 OG_PIP = "pip install onnxruntime-genai==0.18.0"
 
 
+def cpu_config(og: Any, path: str | Path, threads: int | None = None) -> Any:
+    """An `og.Config` for the model folder on the CPU, with `threads` intra-op threads when given
+    (else onnxruntime's default, which follows the machine's cores)."""
+    config = og.Config(str(path))
+    config.clear_providers()
+    if threads is not None:
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": int(threads), "inter_op_num_threads": 1}}}}))
+    return config
+
+
 class OnnxGenaiEngine(Engine):
     """An onnxruntime-genai model folder on CPU. `threads`: the decoder session's intra-op threads."""
 
@@ -51,12 +62,7 @@ class OnnxGenaiEngine(Engine):
             raise InputError(f"malformed genai_config.json ({e})", cfg_path) from None
         self.n_ctx = min(int(n_ctx), context)
         try:
-            config = og.Config(str(d))
-            config.clear_providers()  # CPU
-            if threads is not None:
-                config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-                    "intra_op_num_threads": int(threads), "inter_op_num_threads": 1}}}}))
-            self.model = og.Model(config)
+            self.model = og.Model(cpu_config(og, d, threads))
         except Exception as e:  # onnxruntime-genai raises plain RuntimeError/OrtException
             raise InputError(f"onnxruntime-genai cannot load this model ({e})", d) from None
         self.model_path = str(d)
