@@ -283,6 +283,7 @@ def test_teacher_with_another_tokenizer_is_refused(toy, tmp_path):
     ("teacher.estimator=k2", "teacher.estimator"),
     ("ppo.gamma=1.5", "ppo.gamma"),
     ("rollout.max_turns=3", "unknown"),
+    ("head_rows=0", "head_rows"),
 ])
 def test_config_errors_exit_2_naming_the_key(toy, tmp_path, override, message):
     config = write_rl_config(toy, tmp_path / "run")
@@ -333,3 +334,24 @@ def test_8bit_teacher_needs_bitsandbytes(toy, tmp_path):
         pytest.skip("bitsandbytes is installed: the refusal cannot be seen")
     config = write_rl_config(toy, tmp_path / "run", teacher={"load_in_8bit": True})
     assert_one_line_error(invoke("train", "dgpo", "--config", config), "bitsandbytes")
+
+
+def test_head_rows_only_changes_the_pass_size():
+    """Log-probs, entropies and full-vocabulary KL are the same whatever `head_rows` cuts them into."""
+    from dgpo_edge.train.rl_models import PolicyHead, full_vocab_kl
+
+    student, teacher = support.tiny_model("llama", 97, seed=1), support.tiny_model("llama", 97, seed=2)
+    ids = torch.randint(0, 97, (3, 20), generator=torch.Generator().manual_seed(0))
+    attention = torch.ones_like(ids)
+    mask = torch.zeros(3, 20)
+    mask[:, 8:] = 1                                       # 12 generated tokens a row: 36 positions
+    with torch.no_grad():
+        whole = PolicyHead(student, rows=4096)(ids, attention, mask, 0.7, entropy=True)
+        cut = PolicyHead(student, rows=5)(ids, attention, mask, 0.7, entropy=True)
+    for a, b in zip(whole, cut):
+        torch.testing.assert_close(a, b)
+    assert bool((whole[0][mask.bool()] < 0).all()) and bool((whole[0][~mask.bool()] == 0).all())
+    kl_whole = full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=4096)
+    kl_cut = full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=7)
+    torch.testing.assert_close(kl_whole, kl_cut)
+    assert bool((kl_whole[mask.bool()] > 0).all())

@@ -169,7 +169,7 @@ class RLTrainer:
 
     def _setup_optim(self) -> None:
         o, c = self.config.optim, self.config
-        policy = PolicyHead(self._actor)
+        policy = PolicyHead(self._actor, c.head_rows)
         adam = lambda params, lr: torch.optim.AdamW(params, lr=lr, betas=(o.beta1, o.beta2), eps=o.eps,  # noqa: E731
                                                     weight_decay=o.weight_decay)
         schedule = lambda opt, warm: torch.optim.lr_scheduler.LambdaLR(  # noqa: E731
@@ -300,7 +300,7 @@ class RLTrainer:
         penalty = torch.zeros_like(batch.mask)
         if self.reference is not None:
             ref = self._forward_all(lambda b: frozen_logps(self.reference, b.input_ids, b.attention_mask, b.mask,
-                                                           c.rollout.temperature), batch)
+                                                           c.rollout.temperature, c.head_rows), batch)
             out["kl_ref"] = rl_math.teacher_kl(out["old_logp"], ref, "k1")
             penalty = penalty + c.ppo.kl_ref * out["kl_ref"] * batch.mask
         if self.critic is not None:
@@ -330,14 +330,15 @@ class RLTrainer:
             width = sub.input_ids.shape[1]
             if t.estimator in rl_math.KL_ESTIMATORS:
                 lp = self._forward_all(lambda b: frozen_logps(self.teacher, b.input_ids, b.attention_mask, b.mask,
-                                                              self.config.rollout.temperature), sub)
+                                                              self.config.rollout.temperature,
+                                                              self.config.head_rows), sub)
                 teacher_logp[index, :width] = lp
                 kl[index, :width] = rl_math.teacher_kl(old_logp[index, :width], lp, t.estimator)
             else:
                 direction = t.estimator.split("_")[0]
                 kl[index, :width] = self._forward_all(lambda b: full_vocab_kl(
                     self.lm, self.teacher, b.input_ids, b.attention_mask, b.mask, direction,
-                    self.config.rollout.temperature), sub)
+                    self.config.rollout.temperature, self.config.head_rows), sub)
         return {"rows": rows, "kl_teacher": kl * batch.mask, "teacher_logp": teacher_logp}
 
     def _advantages(self, batch: StepBatch, s: dict) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -138,7 +138,7 @@ class RLConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     log: RLLogSection = field(default_factory=RLLogSection)
     collapse: CollapseSection = field(default_factory=CollapseSection)
-    chunk_size: int = 8192       # vocabulary columns per chunk in full-vocabulary KL terms
+    head_rows: int = 2048        # generated positions per LM-head pass: each holds [rows, vocabulary] fp32 logits
 
     @property
     def stage(self) -> str:
@@ -194,6 +194,8 @@ def validate_rl(config: RLConfig, path) -> None:
         bad("eval.every" if config.eval.every < 0 else "log.save_every" if config.log.save_every < 0
             else "log.every", "is out of range (every >= 0, log.every >= 1)")
     one_of("eval.engine", config.eval.engine, ("auto", "fast", "plain"))
+    if config.head_rows < 1:
+        bad("head_rows", "must be >= 1")
     c = config.collapse
     if c.window < 1 or not 0 < c.drop < 1:
         bad("collapse.window" if c.window < 1 else "collapse.drop", "is out of range (window >= 1, 0 < drop < 1)")
@@ -250,6 +252,7 @@ def load_rl_config(algorithm: str, path, overrides: list[str] = ()) -> RLConfig:
 def _yaml_algorithm(path) -> str | None:
     import yaml
 
-    raw = yaml.safe_load(open(path, encoding="utf-8")) or {}
+    with open(path, encoding="utf-8") as f:
+        raw = yaml.safe_load(f) or {}
     value = raw.get("algorithm") if isinstance(raw, dict) else None
     return None if value is None else str(value)

@@ -55,14 +55,14 @@ class PolicyHead(torch.nn.Module):
     forward -> (log-probs [B, L], entropies [B, L] or None), zero off the mask.
     """
 
-    def __init__(self, lm: Any):
+    def __init__(self, lm: Any, rows: int = 2048):
         super().__init__()
-        self.lm = lm
+        self.lm, self.rows = lm, rows
 
     def forward(self, input_ids, attention_mask, mask, temperature: float = 1.0, entropy: bool = False):
         hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         h, targets = select_hidden(hidden, input_ids, mask)
-        logp, ent = head_logps(self.lm.get_output_embeddings(), h, targets, temperature, entropy)
+        logp, ent = head_logps(self.lm.get_output_embeddings(), h, targets, temperature, entropy, self.rows)
         return scatter(logp, mask), None if ent is None else scatter(ent, mask)
 
 
@@ -126,14 +126,15 @@ def _load_8bit(path: str) -> Any:
 
 
 @torch.no_grad()
-def frozen_logps(lm: Any, input_ids, attention_mask, mask, temperature: float = 1.0) -> torch.Tensor:
+def frozen_logps(lm: Any, input_ids, attention_mask, mask, temperature: float = 1.0,
+                 rows: int = 2048) -> torch.Tensor:
     """Log-probs [B, L] of the masked tokens under a frozen model (teacher or reference)."""
-    return PolicyHead(lm)(input_ids, attention_mask, mask, temperature)[0]
+    return PolicyHead(lm, rows)(input_ids, attention_mask, mask, temperature)[0]
 
 
 @torch.no_grad()
 def full_vocab_kl(student: Any, teacher: Any, input_ids, attention_mask, mask, direction: str,
-                  temperature: float = 1.0, rows: int = 1024) -> torch.Tensor:
+                  temperature: float = 1.0, rows: int = 2048) -> torch.Tensor:
     """Full-vocabulary KL per generated token [B, L] between the student's and the teacher's
     next-token distributions (`direction` reverse = KL(student || teacher))."""
     hs, targets = select_hidden(student.base_model(input_ids=input_ids, attention_mask=attention_mask)
