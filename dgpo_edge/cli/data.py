@@ -35,7 +35,7 @@ def factbook(
     _print_stats(stats)
     if samples:
         _print_samples(out, samples)
-    console.print(f"wrote {out}/: corpus.jsonl train.jsonl dev.jsonl test.jsonl oracle.jsonl stats.json")
+    console.print(f"wrote {out}/: corpus.jsonl train.jsonl dev.jsonl test.jsonl oracle.jsonl stats.json manifest.json")
 
 
 def _print_stats(stats: dict) -> None:

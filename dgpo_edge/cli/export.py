@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -37,7 +38,7 @@ def gguf_command(
     out: Path = typer.Option(..., "--out", help="GGUF file to write."),
     quant: str = typer.Option("q8_0", "--quant", help="f16, bf16, q8_0, q4_0 (written directly) or q4_k_m, q4_k_s, q5_k_m, q6_k (via llama.cpp)."),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="Check tokenizer, logits and greedy agreement against transformers; writes FILE.parity.json."),
-    pre: str = typer.Option(None, "--pre", help="llama.cpp pre-tokenizer name, when detection from tokenizer.json fails (e.g. qwen2, smollm, llama-bpe)."),
+    pre: Optional[str] = typer.Option(None, "--pre", help="llama.cpp pre-tokenizer name, when detection from tokenizer.json fails (e.g. qwen2, smollm, llama-bpe)."),
     threads: int = typer.Option(2, "--threads", min=1, help="Threads for quantization and the llama.cpp check."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the parity check fails."),
     as_json: bool = typer.Option(False, "--json", help="Print the parity result as JSON."),

@@ -45,7 +45,7 @@ def prune_command(
     model: Path = typer.Argument(..., help="A transformers checkpoint directory."),
     out: Path = typer.Option(..., "--out", help="Checkpoint directory to write (replaced atomically)."),
     keep_layers: Optional[int] = typer.Option(None, "--keep-layers", help="Number of decoder layers to keep, spread evenly (first and last kept)."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="Exact layers to keep, e.g. 0,4,8,29 (overrides the even spread)."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Exact layers to keep, e.g. 0,4,8,29, instead of the even spread (with --keep-layers, the counts must agree)."),
 ) -> None:
     """Depth-prune a checkpoint to a compact student."""
     from ..train.models import prune_checkpoint, quiet_transformers
