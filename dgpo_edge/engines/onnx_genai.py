@@ -29,7 +29,7 @@ OG_PIP = "pip install onnxruntime-genai==0.18.0"
 
 def cpu_config(og: Any, path: str | Path, threads: int | None = None) -> Any:
     """An `og.Config` for the model folder on the CPU, with `threads` intra-op threads when given
-    (else onnxruntime's default, which follows the machine's cores)."""
+    (else onnxruntime-genai's own default)."""
     config = og.Config(str(path))
     config.clear_providers()
     if threads is not None:
