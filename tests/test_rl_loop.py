@@ -42,13 +42,18 @@ QUESTION, GOLD = support.EPISODES[0][0], support.EPISODES[0][1]
 TIMING = {"elapsed_s", "peak_mem_gb", "rollout_tokens_per_s"}
 
 
-def _confident(model, tokenizer, retriever):
-    """The memorizer trained on its episode until the loss is small: sampling agrees with greedy."""
-    model = copy.deepcopy(model)
+def _episode(tokenizer, retriever):
+    """(ids [1, L], positions whose next token is generated [1, L], those next tokens [N])."""
     tt = support.episode_transcripts(tokenizer, retriever)[0].tokenize(encoder_for(tokenizer))
     ids = torch.tensor([tt.ids])
     where = torch.tensor([tt.mask[1:] + [0]], dtype=torch.bool)
-    targets = ids[:, 1:][where[:, :-1]]
+    return ids, where, ids[:, 1:][where[:, :-1]]
+
+
+def _confident(model, tokenizer, retriever):
+    """The memorizer trained on its episode until the loss is small: sampling agrees with greedy."""
+    model = copy.deepcopy(model)
+    ids, where, targets = _episode(tokenizer, retriever)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(300):
@@ -72,12 +77,9 @@ def _calibrated(model, tokenizer, retriever, temperature: float = 0.5, target: f
     which pins the starting reward and so the pace of learning.
     """
     model = copy.deepcopy(model)
-    tt = support.episode_transcripts(tokenizer, retriever)[0].tokenize(encoder_for(tokenizer))
-    ids = torch.tensor([tt.ids])
-    where = torch.tensor([tt.mask[1:] + [0]], dtype=torch.bool)
+    ids, where, targets = _episode(tokenizer, retriever)
     with torch.no_grad():
         logits = model.lm_head(model.model(input_ids=ids).last_hidden_state[where]).double()
-    targets = ids[:, 1:][where[:, :-1]]
 
     def logp(scale: float) -> float:
         return float(torch.log_softmax(logits * scale / temperature, -1).gather(1, targets[:, None]).sum())
