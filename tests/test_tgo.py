@@ -114,6 +114,11 @@ def test_tgo_command_end_to_end_and_bad_input(memorized, smol_tok, tmp_path):
     assert len(rows) == sum(p["written"] for p in progress)
     res = invoke(*args)
     assert res.exit_code == 0 and "0 questions sampled (3 already done)" in res.flat
+    # The corpus itself, searched in memory as the training configs' data.retriever does.
+    res = invoke(*args[:6], "--index", corpus, "--out", tmp_path / "out" / "tgo-corpus.jsonl", *args[10:])
+    assert res.exit_code == 0 and "3 questions sampled (0 already done)" in res.flat, res.output
+    assert_one_line_error(invoke(*args[:6], "--index", data.with_suffix(".txt"), *args[8:]), "qa.txt",
+                          "expected an index directory or a corpus .jsonl")
 
     assert_one_line_error(invoke(*args[:2], "--teacher", tmp_path / "nope", *args[4:]), "nope",
                           "not a transformers model folder")

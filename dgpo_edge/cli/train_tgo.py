@@ -18,7 +18,8 @@ from .common import console, err_console, user_errors
 def tgo_command(
     teacher: Path = typer.Option(..., "--teacher", help="Teacher model folder (transformers format)."),
     data: Path = typer.Option(..., "--data", help="Questions with gold answers (any read_qa format)."),
-    index: Path = typer.Option(..., "--index", help="Index folder (dgpo-edge index build / compact)."),
+    index: Path = typer.Option(..., "--index", help="Index folder (dgpo-edge index build / compact), or a "
+                               "corpus .jsonl searched by BM25 in memory, as the training configs' data.retriever."),
     out: Path = typer.Option(..., "--out", help="Output .jsonl (appended to; resumes where it stopped)."),
     n: int = typer.Option(4, "--n", min=1, help="Samples per question."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Use the first N questions only."),
@@ -40,8 +41,8 @@ def tgo_command(
 
     from ..datasets import read_qa
     from ..protocol import ProtocolConfig
-    from ..retrieval.retrievers import open_index
     from ..train.rollout import ENGINES, RolloutConfig
+    from ..train.sft import open_retriever
     from ..train.tgo import TgoConfig, generate_teacher_trajectories
 
     if engine not in ENGINES:
@@ -56,13 +57,13 @@ def tgo_command(
     config = TgoConfig(n=n, rollout=RolloutConfig(
         protocol=ProtocolConfig(top_k=top_k, max_searches=max_searches, max_turn_tokens=max_turn_tokens), temperature=temperature,
         top_p=top_p, seed=seed, batch_size=batch_size, engine=engine, chat_template=chat_template))
-    model, tokenizer = load_teacher(teacher, device, dtype)
-    with open_index(index) as retriever, Progress(
-            TextColumn("tgo"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-            console=err_console, transient=True) as bar:
-        task = bar.add_task("questions", total=len(examples))
-        stats = generate_teacher_trajectories(model, tokenizer, examples, retriever, out, config,
-                                              teacher=str(teacher), on_chunk=lambda k: bar.advance(task, k))
+    with open_retriever(str(index)) as retriever:  # before the teacher loads: a bad --index fails fast
+        model, tokenizer = load_teacher(teacher, device, dtype)
+        with Progress(TextColumn("tgo"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=err_console, transient=True) as bar:
+            task = bar.add_task("questions", total=len(examples))
+            stats = generate_teacher_trajectories(model, tokenizer, examples, retriever, out, config,
+                                                  teacher=str(teacher), on_chunk=lambda k: bar.advance(task, k))
     console.print(f"{stats.processed} questions sampled ({stats.skipped} already done), "
                   f"{stats.solved} solved, {stats.correct}/{stats.samples} samples correct, "
                   f"{stats.written} trajectories written to {out}", highlight=False)
