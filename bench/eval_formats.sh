@@ -41,11 +41,11 @@ done
 
 # Shards of 10 questions, each named dev.jsonl in a folder of its own: predictions are keyed by
 # the file's stem and the question id, so the shards' predictions merge into one dev run.
-head -n "$N" "$bundle/data/dev.jsonl" > $W/first.jsonl
-mkdir -p $W/first && cp $W/first.jsonl $W/first/dev.jsonl
+total=$(wc -l < "$bundle/data/dev.jsonl"); (( N <= total )) || N=$total
+mkdir -p $W/first && head -n "$N" "$bundle/data/dev.jsonl" > $W/first/dev.jsonl
 shards=$(( (N + 9) / 10 ))
 for ((k = 0; k < shards; k++)); do
-  mkdir -p $W/shards/$k && sed -n "$((k * 10 + 1)),$((k * 10 + 10))p" $W/first.jsonl > $W/shards/$k/dev.jsonl
+  mkdir -p $W/shards/$k && sed -n "$((k * 10 + 1)),$((k * 10 + 10))p" $W/first/dev.jsonl > $W/shards/$k/dev.jsonl
 done
 for f in $FORMATS; do
   for ((k = 0; k < shards; k++)); do
