@@ -21,8 +21,11 @@ read -r bundle gguf < <("$py" -c 'from dgpo_edge.bundle.default import ensure_de
 b = e(); print(b.path, b.model_path)')
 mkdir -p $W/fmt $W/shards
 
-model_args() {  # the --model argument of a format (none for the bundle's own model)
-  case $1 in default) ;; onnx-int4) echo "--model $W/fmt/smollm2-onnx-int4" ;; *) echo "--model $W/fmt/smollm2-$1.gguf" ;; esac
+model_path() {  # where a format's export lives (nothing for the bundle's own model)
+  case $1 in default) ;; onnx-int4) echo "$W/fmt/smollm2-onnx-int4" ;; *) echo "$W/fmt/smollm2-$1.gguf" ;; esac
+}
+model_args() {  # the --model argument of a format
+  [ "$1" = default ] || echo "--model $(model_path "$1")"
 }
 
 # Build what is missing (each export writes its output only when complete).
@@ -30,12 +33,11 @@ if [ "$FORMATS" != default ] && [ ! -d $W/fmt/ckpt ]; then
   "$py" -m dgpo_edge model from-gguf "$gguf" --as qwen2 --out $W/fmt/ckpt
 fi
 for f in $FORMATS; do
+  m=$(model_path "$f")
+  if [ -z "$m" ] || [ -e "$m" ]; then continue; fi
   case $f in
-    default) ;;
-    onnx-int4) [ -d $W/fmt/smollm2-onnx-int4 ] || "$py" -m dgpo_edge export onnx $W/fmt/ckpt \
-                 --out $W/fmt/smollm2-onnx-int4 --precision int4 ;;
-    *) [ -f $W/fmt/smollm2-$f.gguf ] || "$py" -m dgpo_edge export gguf $W/fmt/ckpt \
-         --out $W/fmt/smollm2-$f.gguf --quant $f ;;
+    onnx-int4) "$py" -m dgpo_edge export onnx $W/fmt/ckpt --out "$m" --precision int4 ;;
+    *) "$py" -m dgpo_edge export gguf $W/fmt/ckpt --out "$m" --quant "$f" ;;
   esac
 done
 
