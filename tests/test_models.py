@@ -99,6 +99,38 @@ def test_from_gguf_tokenizer_splits_digits_like_smollm(smol_llama):
     assert pieces[-4:] == ["2", "0", "2", "4"], pieces
 
 
+def test_from_gguf_special_tokens_are_the_files(smol_llama):
+    """bos/eos/pad/unk of the converted tokenizer are the ids the GGUF names."""
+    from gguf import GGUFReader
+
+    _, tokenizer = smol_llama
+    fields = GGUFReader(smollm2_or_skip()).fields
+    for attr, key in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding"),
+                      ("unk_token_id", "unknown")):
+        assert getattr(tokenizer, attr) == int(fields[f"tokenizer.ggml.{key}_token_id"].contents()), attr
+    assert tokenizer.eos_token == "<|im_end|>"
+
+
+def test_from_gguf_corrects_a_wrong_eos_from_transformers(monkeypatch):
+    """transformers 5.17 converts SmolLM2's GGUF with eos <|im_start|> and no pad; the file's own
+    ids win, so the checkpoint (and every export made from it) ends turns at <|im_end|>."""
+    from transformers import AutoTokenizer
+
+    path = smollm2_or_skip()
+    real = AutoTokenizer.from_pretrained
+
+    def as_transformers_5_17(*args, **kwargs):
+        tok = real(*args, **kwargs)
+        tok.eos_token, tok.pad_token = "<|im_start|>", None
+        return tok
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", as_transformers_5_17)
+    assert as_transformers_5_17(path.parent, gguf_file=path.name).eos_token_id == 1
+    tokenizer = models.load_gguf_tokenizer(path)
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|im_end|>")
+    assert tokenizer.eos_token_id == tokenizer.pad_token_id == 2
+
+
 def test_remapped_model_generates_the_answer(smol_qwen_dir):
     qwen, tok = models.load_checkpoint(smol_qwen_dir)
     prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],

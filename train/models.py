@@ -86,18 +86,16 @@ def _check_gguf(path: Path) -> None:
 def load_gguf(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
     """Dequantize a GGUF into a transformers (model, tokenizer) pair, float32 by default."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = Path(path)
     _check_gguf(path)
-    kwargs = {"gguf_file": path.name}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        tokenizer = load_gguf_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=dtype or torch.float32,
-                                                     **kwargs)
+                                                     gguf_file=path.name)
     except (ValueError, KeyError, NotImplementedError) as e:
         raise InputError(f"transformers cannot load this GGUF: {e}", path) from None
-    _restore_pre_tokenizer(tokenizer, path)
     # The GGUF loader leaves a quantizer and its config behind, which makes save_pretrained
     # refuse; the weights are plain floats now.
     for attr in ("quantization_config", "_pre_quantization_dtype"):
@@ -108,12 +106,23 @@ def load_gguf(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _restore_pre_tokenizer(tokenizer: Any, path: Path) -> None:
-    """Give the tokenizer the digit splitting its GGUF pre-tokenizer type asks for."""
+def load_gguf_tokenizer(path: Path) -> Any:
+    """The GGUF's tokenizer as transformers converts it, corrected where the file says otherwise."""
     from gguf import GGUFReader
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    reader = GGUFReader(path)
+    _restore_pre_tokenizer(tokenizer, reader)
+    _restore_special_tokens(tokenizer, reader)
+    return tokenizer
+
+
+def _restore_pre_tokenizer(tokenizer: Any, reader: Any) -> None:
+    """Give the tokenizer the digit splitting its GGUF pre-tokenizer type asks for."""
     from tokenizers import pre_tokenizers
 
-    field = GGUFReader(path).fields.get("tokenizer.ggml.pre")
+    field = reader.fields.get("tokenizer.ggml.pre")
     pre = field.contents() if field is not None else None
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if pre in _DIGIT_SPLITTING_PRES and backend is not None:
@@ -121,6 +130,31 @@ def _restore_pre_tokenizer(tokenizer: Any, path: Path) -> None:
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ])
+
+
+_GGUF_SPECIALS = {"bos_token": "tokenizer.ggml.bos_token_id", "eos_token": "tokenizer.ggml.eos_token_id",
+                  "pad_token": "tokenizer.ggml.padding_token_id", "unk_token": "tokenizer.ggml.unknown_token_id"}
+
+
+def _restore_special_tokens(tokenizer: Any, reader: Any) -> None:
+    """Take bos/eos/pad/unk from the GGUF's own ids, not from transformers' conversion.
+
+    transformers 5.17 turns SmolLM2's GGUF into a tokenizer whose eos is <|im_start|> (id 1)
+    and which has no pad token, where the file says <|im_end|> (2) for both; 5.24 reads them
+    right. A wrong eos travels into every export made from the checkpoint (the GGUF writer
+    takes it from the tokenizer), where it ends turns at the wrong token.
+    """
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return
+    vocab = tokens.contents()
+    for attr, key in _GGUF_SPECIALS.items():
+        field = reader.fields.get(key)
+        if field is None:
+            continue
+        tid = int(field.contents())
+        if 0 <= tid < len(vocab) and getattr(tokenizer, attr, None) != vocab[tid]:
+            setattr(tokenizer, attr, vocab[tid])
 
 
 def llama_to_qwen2(model: Any) -> Any:

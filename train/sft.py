@@ -78,13 +78,9 @@ def load_tokenizer(spec: str) -> Any:
     if not src.exists() and _is_hub_id(spec):
         return AutoTokenizer.from_pretrained(spec)
     if src.suffix == ".gguf":
-        from .models import (
-            _restore_pre_tokenizer,  # SmolLM2 splits digits; transformers' GGUF reader does not
-        )
+        from .models import load_gguf_tokenizer
 
-        tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-        _restore_pre_tokenizer(tok, src)
-        return tok
+        return load_gguf_tokenizer(src)
     if not src.is_dir():
         raise InputError("no such tokenizer directory", src)
     return AutoTokenizer.from_pretrained(src)
