@@ -8,13 +8,16 @@
 # (default: the number of cores); FORMATS: any of default f16 q8_0 q4_0 q4_k_m onnx-int4 (default all;
 # `default` is the bundle's own Q4_1 GGUF). Missing formats are built first from the bundle's GGUF
 # (`model from-gguf --as qwen2`, then `export gguf` / `export onnx`). Each format's questions run
-# as shards of 10 (`dgpo-edge eval --bundle DEFAULT --model FORMAT --threads 1`), every shard
-# resumable; once a format's shards are complete they are merged and its report written to
+# as shards of SHARD questions (default 10) with `dgpo-edge eval --bundle DEFAULT --model FORMAT
+# --threads 1`, every shard resumable; resume with the same SHARD, which decides the shard of each
+# question. Smaller shards keep all cores busy to the end when a format's questions are slow.
+# Once a format's shards are complete they are merged and its report written to
 # out/eval-formats/FORMAT/report.md (rerunning `eval` over the N questions skips them all).
 # PYTHON: the interpreter with dgpo-edge[edge,onnx,export,train] (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-60}; JOBS=${2:-$(nproc)}; FORMATS=${3:-"default f16 q8_0 q4_0 q4_k_m onnx-int4"}
+SHARD=${SHARD:-10}
 py=${PYTHON:-python3}
 W=out/eval-formats
 read -r bundle gguf < <("$py" -c 'from dgpo_edge.bundle.default import ensure_default_bundle as e
@@ -41,21 +44,24 @@ for f in $FORMATS; do
   esac
 done
 
-# Shards of 10 questions, each named dev.jsonl in a folder of its own: predictions are keyed by
+# Shards of SHARD questions, each named dev.jsonl in a folder of its own: predictions are keyed by
 # the file's stem and the question id, so the shards' predictions merge into one dev run.
 total=$(wc -l < "$bundle/data/dev.jsonl"); (( N <= total )) || N=$total
 mkdir -p $W/first && head -n "$N" "$bundle/data/dev.jsonl" > $W/first/dev.jsonl
-shards=$(( (N + 9) / 10 ))
+shards=$(( (N + SHARD - 1) / SHARD ))
 for ((k = 0; k < shards; k++)); do
-  mkdir -p $W/shards/$k && sed -n "$((k * 10 + 1)),$((k * 10 + 10))p" $W/first/dev.jsonl > $W/shards/$k/dev.jsonl
+  mkdir -p $W/shards/$k && sed -n "$((k * SHARD + 1)),$((k * SHARD + SHARD))p" $W/first/dev.jsonl > $W/shards/$k/dev.jsonl
 done
 for f in $FORMATS; do
   for ((k = 0; k < shards; k++)); do
+    # A finished shard is skipped here: starting `eval` only to skip its questions costs seconds each.
+    done_k=0; p=$W/runs/$f/$k/predictions.jsonl; [ ! -f $p ] || done_k=$(wc -l < $p)
+    (( done_k < $(wc -l < $W/shards/$k/dev.jsonl) )) || continue
     echo "$f $k $(model_args "$f") --data $W/shards/$k/dev.jsonl --out $W/runs/$f/$k"
   done
 done > $W/jobs.txt
 mkdir -p $W/logs
-echo "$(wc -l < $W/jobs.txt) shards of 10 questions, $JOBS at a time"
+echo "$(wc -l < $W/jobs.txt) unfinished shards of $SHARD questions, $JOBS at a time"
 run_shard() {  # run_shard FORMAT K EVAL-ARGS...
   local f=$1 k=$2; shift 2
   "$py" -m dgpo_edge eval --bundle "$bundle" --threads 1 "$@" > /dev/null 2> $W/logs/$f-$k.log \
@@ -69,7 +75,7 @@ done < $W/jobs.txt
 wait
 
 for f in $FORMATS; do
-  done_n=$(cat $W/runs/$f/*/predictions.jsonl 2>/dev/null | wc -l)
+  done_n=$(cat $W/runs/$f/*/predictions.jsonl 2>/dev/null | wc -l || true)
   if [ "$done_n" -ne "$N" ]; then echo "$f: $done_n of $N questions (rerun to continue)"; continue; fi
   rm -rf $W/$f && mkdir -p $W/$f
   for ((k = 0; k < shards; k++)); do cat $W/runs/$f/$k/predictions.jsonl; done > $W/$f/predictions.jsonl
