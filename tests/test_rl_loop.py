@@ -286,6 +286,9 @@ def test_teacher_with_another_tokenizer_is_refused(toy, tmp_path):
     ("ppo.gamma=1.5", "ppo.gamma"),
     ("rollout.max_turns=3", "unknown"),
     ("head_rows=0", "head_rows"),
+    ("teacher.threshold=0", "teacher.threshold"),
+    ("teacher.threshold=1.5", "teacher.threshold"),
+    ("collapse.min_best=2", "collapse.min_best"),
 ])
 def test_config_errors_exit_2_naming_the_key(toy, tmp_path, override, message):
     config = write_rl_config(toy, tmp_path / "run")

@@ -180,6 +180,10 @@ def validate_rl(config: RLConfig, path) -> None:
     one_of("teacher.placement", t.placement, PLACEMENTS)
     if t.beta < 0:
         bad("teacher.beta", "must be >= 0")
+    # Scores are exact match, 0 or 1: at <= 0 no rollout would ever get the term (DGPO silently
+    # becomes PPO), above 1 every one would (use apply_to: all for that).
+    if not 0 < t.threshold <= 1:
+        bad("teacher.threshold", f"must be in (0, 1] (rollouts scoring below it get the term), got {t.threshold}")
     o = config.optim
     one_of("optim.schedule", o.schedule, ("constant", "cosine", "linear"))
     if o.steps < 1:
@@ -199,6 +203,8 @@ def validate_rl(config: RLConfig, path) -> None:
     c = config.collapse
     if c.window < 1 or not 0 < c.drop < 1:
         bad("collapse.window" if c.window < 1 else "collapse.drop", "is out of range (window >= 1, 0 < drop < 1)")
+    if not 0 <= c.min_best <= 1:   # a best average reward above 1 never comes: no alarm at all
+        bad("collapse.min_best", f"must be in [0, 1] (an average exact match), got {c.min_best}")
 
 
 def _validate_rollout(config: RLConfig, bad, one_of) -> None:
