@@ -2,7 +2,8 @@
 
 Models: tiny random Qwen2 with the real Qwen tokenizer (tied and untied; needs ../shared), a tiny
 random Llama with SmolLM2's tokenizer (the q/k permutation), and SmolLM2-135M real weights
-remapped to Qwen2 (F16 exact-greedy, Q8_0/Q4_0/Q4_K_M agreement).
+remapped to Qwen2 (F16 exact-greedy, Q8_0/Q4_0/Q4_K_M agreement); BF16 within its logit
+tolerance on the tiny Qwen2.
 """
 
 from __future__ import annotations
@@ -77,6 +78,22 @@ def test_tiny_qwen_f16_round_trip(tiny_qwen, tmp_path, tied):
     assert "blk.0.attn_q.bias" in names
     assert reader.fields["tokenizer.ggml.pre"].contents() == "qwen2"
     assert "<|im_start|>" in reader.fields["tokenizer.chat_template"].contents()
+
+
+def test_tiny_qwen_bf16_within_its_tolerance(tiny_qwen, tmp_path):
+    out = tmp_path / "m-bf16.gguf"
+    result = invoke("export", "gguf", tiny_qwen["untied"], "--out", out, "--quant", "bf16")
+    assert result.exit_code == 0, result.output
+    parity = json.loads((tmp_path / "m-bf16.gguf.parity.json").read_text())
+    assert parity["quant"] == "bf16" and parity["tokenizer_match"] is True
+    assert parity["logit_tolerance"] == 0.25
+    assert parity["rel_logit_diff"] <= parity["logit_tolerance"] and parity["passed"] is True
+    from gguf import GGMLQuantizationType as T
+    from gguf import GGUFReader
+
+    types = {t.name: t.tensor_type for t in GGUFReader(out).tensors}
+    assert types["blk.0.attn_q.weight"] == T.BF16 and types["output.weight"] == T.BF16
+    assert types["blk.0.attn_norm.weight"] == T.F32 and types["blk.0.attn_q.bias"] == T.F32
 
 
 def test_tiny_qwen_q8_0_agreement(tiny_qwen, tmp_path):
