@@ -1,0 +1,121 @@
+"""Greedy multi-turn EM of trained checkpoints on whole FactbookQA splits (GPU).
+
+For each model and split: EM, F1, EM per question type and per hop count, ARC (hit ratio,
+search steps, invalid-action rate), the parameter count, and the per-question EM in file order
+(so two rows can be compared question by question: the paired bootstrap in bench/table1.py).
+Rows are appended to a JSONL file; a (model name, split) already there is skipped, so a cut
+call resumes.
+
+    python bench/factbook_eval.py --data out/factbookqa --out out/eval/rows.jsonl \
+        --model teacher=out/runs/factbook-teacher-sft/checkpoints/best \
+        --model kd=out/runs/factbook-kd/checkpoints/best --splits dev,test
+
+Rollouts: BM25 over the corpus (the retriever training uses), top-3, 4 searches, 128 new
+tokens per turn (the FactbookQA configs' evaluation limits), the fast decoder when it applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
+    p.add_argument("--data", default="out/factbookqa", help="FactbookQA folder (corpus + splits)")
+    p.add_argument("--splits", default="dev,test")
+    p.add_argument("--out", required=True, help="rows .jsonl (appended; finished rows skipped)")
+    p.add_argument("--limit", type=int, default=None, help="first N questions of each split")
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--max-turn-tokens", type=int, default=128)
+    p.add_argument("--card", default="", help="recorded in each row (e.g. 'H100 80GB')")
+    p.add_argument("--commit", default="", help="recorded in each row")
+    return p.parse_args()
+
+
+def done_rows(out: Path) -> set[tuple[str, str]]:
+    if not out.exists():
+        return set()
+    done = set()
+    for line in out.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            done.add((row["method"], row["split"]))
+    return done
+
+
+def by_group(keys: list, scores: list[float]) -> dict:
+    sums, counts = defaultdict(float), defaultdict(int)
+    for k, s in zip(keys, scores):
+        sums[str(k)] += s
+        counts[str(k)] += 1
+    return {k: round(sums[k] / counts[k], 4) for k in sorted(sums)}
+
+
+def evaluate(model, tokenizer, examples, retriever, args) -> dict:
+    from dgpo_edge.arc import episode_arc, summarize_arc
+    from dgpo_edge.metrics import f1_score
+    from dgpo_edge.protocol import ProtocolConfig
+    from dgpo_edge.train.rollout import RolloutConfig, generate_rollouts
+
+    config = RolloutConfig(protocol=ProtocolConfig(max_turn_tokens=args.max_turn_tokens), greedy=True,
+                           batch_size=args.batch_size, engine="auto")
+    t0 = time.perf_counter()
+    rollouts = generate_rollouts(model, tokenizer, [x.question for x in examples],
+                                 [x.answers for x in examples], retriever, config)
+    seconds = time.perf_counter() - t0
+    scores = [r.score for r in rollouts]
+    types = [x.meta.get("type", "?") for x in examples]
+    hops = [x.meta.get("hops", "?") for x in examples]
+    arc = summarize_arc([episode_arc(r.transcript, r.golds) for r in rollouts])
+    n = len(rollouts)
+    return {
+        "n": n, "em": sum(scores) / n,
+        "f1": sum(f1_score(r.answer, r.golds) for r in rollouts) / n,
+        "em_by_type": by_group(types, scores), "em_by_hops": by_group(hops, scores),
+        "hit_ratio": arc["hit_ratio"], "search_steps": arc["search_steps"],
+        "invalid_action_rate": arc["invalid_action_rate"], "answered_rate": arc["answered_rate"],
+        "generated_tokens": sum(r.n_generated for r in rollouts) / n,
+        "seconds": round(seconds, 1), "scores": [int(s) for s in scores],
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+
+    from dgpo_edge.datasets import read_qa
+    from dgpo_edge.train.sft import load_lm, open_retriever
+
+    data, out = Path(args.data), Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = done_rows(out)
+    retriever = open_retriever(str(data / "corpus.jsonl"))
+    splits = [s for s in args.splits.split(",") if s]
+    for spec in args.model:
+        name, _, path = spec.partition("=")
+        todo = [s for s in splits if (name, s) not in done]
+        if not todo:
+            continue
+        model, tokenizer = load_lm(path)
+        model.to("cuda" if torch.cuda.is_available() else "cpu").to(torch.bfloat16)
+        params = sum(p.numel() for p in model.parameters())
+        for split in todo:
+            examples = read_qa(str(data / f"{split}.jsonl"), limit=args.limit)
+            row = {"method": name, "split": split, "model": path, "params": params,
+                   "card": args.card, "commit": args.commit}
+            row.update(evaluate(model, tokenizer, examples, retriever, args))
+            with out.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"{name} {split}: EM {row['em']:.3f} (n={row['n']}) by type {row['em_by_type']} "
+                  f"hit {row['hit_ratio']:.3f} searches {row['search_steps']:.2f} {row['seconds']} s", flush=True)
+        del model
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+
+if __name__ == "__main__":
+    main()

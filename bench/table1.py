@@ -1,0 +1,117 @@
+"""FactbookQA Table 1: rows from bench/factbook_eval.py, named by method, with paired intervals.
+
+    python bench/table1.py bench/results/factbook_eval_rows.jsonl \
+        --as teacher-sft-2ep=teacher --as student-sft-o3=sft --as kd-o3-lr6e4=kd \
+        --pair kd:sft --out bench/results/factbook_table1.json
+
+Writes `{"card", "commit", "rows": [{"method", "seed", "split", "n", "em", "em_by_type", ...}],
+"pairs": [...]}` and prints the markdown table (test split; dev beside it, since choices are
+made on dev). `--as RUN=METHOD[@SEED]` names an evaluated run; runs not named are left out.
+`--pair A:B` adds a paired bootstrap 95% interval of EM(A) - EM(B) on the same test questions
+(seed means per question when a method has several seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import defaultdict
+from pathlib import Path
+
+TYPES = ("fact", "bridge", "comparison", "neighbour", "neighbour_bridge")
+KEEP = ("n", "em", "f1", "em_by_type", "em_by_hops", "hit_ratio", "search_steps",
+        "invalid_action_rate", "params", "card", "commit", "model", "scores")
+
+
+def load_rows(paths: list[str], names: dict[str, tuple[str, int]]) -> list[dict]:
+    rows = []
+    for path in paths:
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            raw = json.loads(line)
+            if raw["method"] not in names:
+                continue
+            method, seed = names[raw["method"]]
+            rows.append({"method": method, "seed": seed, "split": raw["split"], "run": raw["method"],
+                         **{k: raw[k] for k in KEEP if k in raw}})
+    return rows
+
+
+def paired_bootstrap(a: list[float], b: list[float], n_boot: int = 10_000, seed: int = 0) -> dict:
+    """Mean difference a - b over the same questions, with a percentile 95% interval."""
+    if len(a) != len(b) or not a:
+        raise ValueError("paired scores must cover the same, non-empty question list")
+    rng = random.Random(seed)
+    n = len(a)
+    diffs = [x - y for x, y in zip(a, b)]
+    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(n_boot))
+    return {"diff": sum(diffs) / n, "lo": means[int(0.025 * n_boot)], "hi": means[int(0.975 * n_boot) - 1]}
+
+
+def per_question(rows: list[dict], method: str, split: str = "test") -> list[float]:
+    """Per-question EM of `method`, averaged over its seeds."""
+    runs = [r["scores"] for r in rows if r["method"] == method and r["split"] == split]
+    if not runs:
+        raise SystemExit(f"error: no {split} rows for method {method!r}")
+    return [sum(col) / len(col) for col in zip(*runs)]
+
+
+def markdown(rows: list[dict]) -> str:
+    groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        groups[r["method"]][r["split"]].append(r)
+    head = ("| method | seeds | params | dev EM | test EM | " + " | ".join(TYPES)
+            + " | 1-hop | 2-hop | hit ratio | search steps |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for method, splits in groups.items():
+        test, dev = splits.get("test", []), splits.get("dev", [])
+        if not test:
+            continue
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        fmt = lambda rs, f: "–" if not rs else (  # noqa: E731
+            f"{mean([f(r) for r in rs]):.3f}" + (f" ± {sd([f(r) for r in rs]):.3f}" if len(rs) > 1 else ""))
+        cells = [method, str(len(test)), f"{test[0].get('params', 0) / 1e6:.1f}M",
+                 fmt(dev, lambda r: r["em"]), fmt(test, lambda r: r["em"])]
+        cells += [fmt(test, lambda r, t=t: r["em_by_type"].get(t, 0.0)) for t in TYPES]
+        cells += [fmt(test, lambda r, h=h: r["em_by_hops"].get(h, 0.0)) for h in ("1", "2")]
+        cells += [fmt(test, lambda r: r["hit_ratio"]), f"{mean([r['search_steps'] for r in test]):.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def sd(xs: list[float]) -> float:
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("rows", nargs="+")
+    p.add_argument("--as", dest="names", action="append", default=[], metavar="RUN=METHOD[@SEED]")
+    p.add_argument("--pair", action="append", default=[], metavar="A:B")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    names = {}
+    for spec in args.names:
+        run, _, method = spec.partition("=")
+        method, _, seed = method.partition("@")
+        names[run] = (method, int(seed or 0))
+    rows = load_rows(args.rows, names)
+    pairs = []
+    for spec in args.pair:
+        a, _, b = spec.partition(":")
+        pairs.append({"a": a, "b": b, "split": "test",
+                      **paired_bootstrap(per_question(rows, a), per_question(rows, b))})
+    cards = sorted({r.get("card", "") for r in rows})
+    commits = sorted({r.get("commit", "") for r in rows})
+    doc = {"card": ", ".join(cards), "commit": ", ".join(commits), "rows": rows, "pairs": pairs}
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(markdown(rows))
+    for pr in pairs:
+        print(f"\n{pr['a']} - {pr['b']} on test: {pr['diff']:+.3f} (95% paired bootstrap {pr['lo']:+.3f} .. {pr['hi']:+.3f})")
+
+
+if __name__ == "__main__":
+    main()
