@@ -28,6 +28,7 @@ import errno
 import json
 import logging
 import math
+import re
 import socket
 import socketserver
 import sys
@@ -393,6 +394,8 @@ class RetrieveHandler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client left; nobody to answer
         except Exception as e:  # noqa: BLE001 - a server error must still get a JSON answer
             logger.exception("retrieval request failed: %s %s", method, self.path)
+            if self._has_unread_body():
+                self._abandon_input()
             self._send_error_json(500, f"retrieval failed: {_short(e)}")
 
     def _refuse_web_pages(self) -> None:
@@ -454,9 +457,10 @@ class RetrieveHandler(BaseHTTPRequestHandler):
         if raw is None or self.headers.get("Transfer-Encoding"):
             self._abandon_input()
             raise ClientError(411, "a Content-Length header is required (chunked bodies are not accepted)")
-        if not raw.strip().isdigit():
+        # ASCII digits only (str.isdigit takes "²", which int() refuses), few enough for int()
+        if not re.fullmatch(r"[0-9]{1,18}", raw.strip()):
             self._abandon_input()
-            raise ClientError(400, f"bad Content-Length {raw!r}")
+            raise ClientError(400, f"bad Content-Length {raw[:40]!r}")
         length = int(raw)
         if length > limit:
             self._abandon_input()
