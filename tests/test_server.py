@@ -565,6 +565,10 @@ def test_handler_threads_are_bounded_and_the_rest_get_503(retriever: Retriever) 
                 assert status == 503 and "busy" in data["error"]
             assert time.monotonic() - start < 3
             assert threading.active_count() - before <= 3
+            # a client refused mid-request still reads its 503 (no reset before it could)
+            for _ in range(10):
+                status, data = post_json(s, {"queries": ["q"]})
+                assert status == 503 and "retry" in data["error"]
         finally:
             for sock in socks:
                 sock.close()

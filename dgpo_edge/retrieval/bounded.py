@@ -6,7 +6,8 @@ header byte every few seconds ("slow loris") holds its connection forever, and
 make 3,000 threads. `DeadlineReader` replaces the handler's `rfile` with one
 whose reads together end at a deadline; `HandlerPool` runs handlers on at
 most `max_threads` threads with at most `max_pending` connections waiting
-(sockets, not threads) and tells its caller when both are full.
+(sockets, not threads) and tells its caller when both are full; `Lingerer`
+closes the sockets of refused clients without a thread and without a reset.
 """
 
 from __future__ import annotations
@@ -155,3 +156,57 @@ class HandlerPool:
         for _ in range(threads):
             self._queue.put(None)
         return [item for item in waiting if item is not None]
+
+
+class Lingerer:
+    """Closes answered sockets gently, without a thread per socket.
+
+    Closing a socket whose client is still sending makes the kernel send a
+    reset, which can destroy the answer before the client reads it (a client
+    refused with 503 at connect time is usually mid-request). So `add` sends
+    our FIN at once, and each `poll` (the server loop's idle hook) discards
+    what has arrived and closes a socket at the client's EOF or after
+    `seconds`. Past `limit` sockets waiting, a new one is closed at once.
+    """
+
+    def __init__(self, seconds: float = 1.0, limit: int = 256):
+        self.seconds, self.limit = seconds, limit
+        self._waiting: list[tuple[float, socket.socket]] = []
+
+    def add(self, sock: socket.socket) -> None:
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            return
+        if len(self._waiting) >= self.limit:
+            sock.close()
+        else:
+            self._waiting.append((time.monotonic() + self.seconds, sock))
+
+    def poll(self) -> None:
+        now, keep = time.monotonic(), []
+        for deadline, sock in self._waiting:
+            if _drained(sock) or now >= deadline:
+                sock.close()
+            else:
+                keep.append((deadline, sock))
+        self._waiting = keep
+
+    def close_all(self) -> None:
+        for _, sock in self._waiting:
+            sock.close()
+        self._waiting = []
+
+
+def _drained(sock: socket.socket) -> bool:
+    """Discard what a non-blocking socket has received; True once the client has closed."""
+    try:
+        while sock.recv(_RECV_BYTES):
+            pass
+        return True  # EOF
+    except BlockingIOError:
+        return False  # nothing more for now
+    except OSError:
+        return True  # reset: nothing left to protect

@@ -42,7 +42,7 @@ from typing import Any
 from ..errors import InputError
 from ..protocol import Passage
 from .base import Retriever
-from .bounded import DeadlineReader, HandlerPool
+from .bounded import DeadlineReader, HandlerPool, Lingerer
 from .http_checks import host_problem, is_loopback, json_type_problem, origin_problem
 
 logger = logging.getLogger(__name__)
@@ -228,6 +228,7 @@ class RetrievalServer(HTTPServer):
         self.request_timeout = request_timeout
         self._search_lock = None if getattr(retriever, "thread_safe", False) else threading.Lock()
         self._pool = HandlerPool(self._handle, max_threads, max_pending, name="retrieval")
+        self._lingerer = Lingerer()
         super().__init__(address, RetrieveHandler)
         self.loopback_only = is_loopback(self.server_address[0])
 
@@ -268,7 +269,6 @@ class RetrievalServer(HTTPServer):
         """Hand the connection to a pool thread, or answer 503 now when none is free or waiting."""
         if not self._pool.submit((request, client_address)):
             self._refuse_busy(request)
-            self.shutdown_request(request)
 
     def _handle(self, item: tuple[Any, Any]) -> None:
         """One connection on a pool thread, as ThreadingMixIn's thread would do it."""
@@ -281,7 +281,8 @@ class RetrievalServer(HTTPServer):
             self.shutdown_request(request)
 
     def _refuse_busy(self, sock: socket.socket) -> None:
-        """A 503 on the accepting thread: short, so it never waits on the client."""
+        """A 503 on the accepting thread, which never waits on the client: the
+        answer fits the empty send buffer, and the socket is closed by `_lingerer`."""
         pool = self._pool
         body = json.dumps({"error": f"the server is busy ({pool.max_threads} requests in progress, "
                                     f"{pool.max_pending} waiting); retry shortly"}).encode()
@@ -290,13 +291,19 @@ class RetrievalServer(HTTPServer):
         try:
             sock.settimeout(0.5)
             sock.sendall(head.encode() + body)
-            _discard_received(sock)
         except OSError:
             pass  # the client is gone or stalled; the socket is closed next either way
+        self._lingerer.add(sock)
+
+    def service_actions(self) -> None:
+        """Called by `serve_forever` between requests: close refused sockets whose time is up."""
+        super().service_actions()
+        self._lingerer.poll()
 
     def server_close(self) -> None:
         """Close the listening socket and the connections still waiting for a thread."""
         super().server_close()
+        self._lingerer.close_all()
         for request, _ in self._pool.close():
             self.shutdown_request(request)
 
@@ -306,17 +313,6 @@ class RetrievalServer(HTTPServer):
         A client that hangs up mid-response is routine, not worth a traceback.
         """
         logger.debug("connection from %s ended with an error", client_address, exc_info=True)
-
-
-def _discard_received(sock: socket.socket) -> None:
-    """Drop input that has already arrived, so closing sends FIN rather than a reset
-    that could destroy the answer in the client's buffers."""
-    sock.setblocking(False)
-    try:
-        while sock.recv(65536):
-            pass
-    except OSError:
-        pass  # nothing more to read now
 
 
 class RetrieveHandler(BaseHTTPRequestHandler):
