@@ -22,6 +22,7 @@ import pytest
 from dgpo_edge.errors import InputError
 from dgpo_edge.protocol import Passage, format_docs
 from dgpo_edge.retrieval.base import Retriever
+from dgpo_edge.retrieval.bounded import DeadlineReader, HandlerPool
 from dgpo_edge.retrieval.corpus import iter_corpus
 from dgpo_edge.retrieval.http import HttpRetriever, RetrievalError, _batches, _parse_result
 from dgpo_edge.retrieval.retrievers import BM25Retriever
@@ -578,6 +579,51 @@ def test_handler_threads_are_bounded_and_the_rest_get_503(retriever: Retriever) 
             time.sleep(0.05)
         assert status == 200
         assert threading.active_count() - before <= 3
+
+
+def test_pipelined_requests_on_one_connection_are_all_answered(server: RetrievalServer) -> None:
+    """Bytes read past one request stay buffered for the next (the reader is not per request)."""
+    body = json.dumps({"queries": [QUERIES[0]]}).encode()
+    one = JSON_POST + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    last = JSON_POST + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    answer = raw_exchange(server, one * 2 + last)
+    assert answer.count(b"HTTP/1.1 200 OK") == 3
+
+
+def test_deadline_reader_lines_reads_and_deadline() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        reader = DeadlineReader(a, write_timeout=None)
+        reader.start(5)
+        b.sendall(b"GET / HTTP/1.1\r\nlong header line\r\nbody-bytes")
+        assert reader.readline(65537) == b"GET / HTTP/1.1\r\n" and reader.started
+        assert reader.readline(4) == b"long"  # the limit cuts a line, as BufferedReader does
+        assert reader.readline() == b" header line\r\n"
+        assert reader.read(4) == b"body"
+        reader.start(0.3)
+        assert reader.started  # "-bytes" is already here: part of the next request
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            reader.read(100)
+        assert reader.expired and 0.2 < time.monotonic() - start < 2
+        b.shutdown(socket.SHUT_WR)
+        reader.start(5)
+        assert reader.read(100) == b"-bytes" and reader.readline() == b""  # EOF
+
+
+def test_handler_pool_bounds_threads_and_waiting_items() -> None:
+    release = threading.Event()
+    done: list[int] = []
+    pool = HandlerPool(lambda i: (release.wait(5), done.append(i)), max_threads=2, max_pending=1)
+    before = threading.active_count()
+    assert [pool.submit(i) for i in range(5)] == [True, True, True, False, False]
+    assert threading.active_count() - before == 2
+    release.set()
+    deadline = time.monotonic() + 5
+    while len(done) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(done) == [0, 1, 2] and pool.submit(3)
+    assert pool.close() in ([], [3]) and not pool.submit(4)
 
 
 def test_waiting_connections_are_served_when_a_thread_frees(retriever: Retriever) -> None:

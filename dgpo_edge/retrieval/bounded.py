@@ -200,13 +200,18 @@ class Lingerer:
         self._waiting = []
 
 
-def _drained(sock: socket.socket) -> bool:
-    """Discard what a non-blocking socket has received; True once the client has closed."""
+def _drained(sock: socket.socket, max_chunks: int = 16) -> bool:
+    """Discard what a non-blocking socket has received; True once the client has closed.
+
+    At most `max_chunks` reads per call, so a client streaming into a refused
+    socket cannot hold the server loop.
+    """
     try:
-        while sock.recv(_RECV_BYTES):
-            pass
-        return True  # EOF
+        for _ in range(max_chunks):
+            if not sock.recv(_RECV_BYTES):
+                return True  # EOF
     except BlockingIOError:
         return False  # nothing more for now
     except OSError:
         return True  # reset: nothing left to protect
+    return False
