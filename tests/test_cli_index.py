@@ -14,6 +14,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -434,6 +435,39 @@ def test_serve_answers_search_r1_requests_and_stops_on_sigint(flat_index):
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def bm25_index(notes) -> Path:
+    out = notes.parent / "bm25-serve-index"
+    assert invoke("index", "build", notes, "--out", out, "--kind", "bm25").exit_code == 0
+    return out
+
+
+@pytest.mark.parametrize(("options", "needles"), [
+    (["--port", "99999"], ["--port", "0..65535", "99999"]),
+    (["--port", "-1"], ["--port", "0..65535"]),
+    (["--topk", "0"], ["--topk", "1..100"]),
+    (["--topk", "101"], ["--topk", "1..100", "101"]),
+    (["--max-queries", "0"], ["--max-queries", ">= 1"]),
+    (["--host", "no-such-host.invalid"], ["no-such-host.invalid", "does not resolve"]),
+])
+def test_serve_bad_options_are_one_error_line(bm25_index, options, needles):
+    assert_one_line_error(invoke("index", "serve", bm25_index, *options), *needles)
+
+
+def test_serve_on_a_port_in_use_is_one_error_line(bm25_index):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_one_line_error(invoke("index", "serve", bm25_index, "--port", port),
+                              f"127.0.0.1:{port}", "in use")
+
+
+def test_search_with_invalid_utf8_in_the_query_is_one_error_line(flat_index):
+    """Python decodes the argv bytes b"caf\\xe9" to "caf\\udce9"; the dense encoder cannot take that."""
+    assert_one_line_error(invoke("index", "search", flat_index, "caf\udce9"), "not valid UTF-8", "0xe9")
 
 
 # ------------------------------------------------------------ options checked before any work

@@ -22,6 +22,7 @@ import pytest
 from dgpo_edge.errors import InputError
 from dgpo_edge.protocol import Passage, format_docs
 from dgpo_edge.retrieval.base import Retriever
+from dgpo_edge.retrieval.bounded import DeadlineReader, HandlerPool
 from dgpo_edge.retrieval.corpus import iter_corpus
 from dgpo_edge.retrieval.http import HttpRetriever, RetrievalError, _batches, _parse_result
 from dgpo_edge.retrieval.retrievers import BM25Retriever
@@ -131,6 +132,9 @@ def raw_exchange(server: RetrievalServer, head: bytes, body: bytes = b"", half_c
     return b"".join(chunks)
 
 
+JSON_POST = b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+
+
 def split_response(raw: bytes) -> tuple[int, object]:
     head, _, body = raw.partition(b"\r\n\r\n")
     return int(head.split()[1]), json.loads(body)
@@ -199,12 +203,13 @@ def test_query_without_words_gives_an_empty_list(server: RetrievalServer) -> Non
     assert status == 200 and [len(h) for h in data["result"]] == [0, 0, 3]
 
 
-def test_missing_content_type_is_accepted_and_keep_alive_works(server: RetrievalServer) -> None:
+def test_keep_alive_works(server: RetrievalServer) -> None:
     host, port = server.server_address[:2]
     conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
         for _ in range(3):  # one connection, several requests (HTTP/1.1 keep-alive)
-            conn.request("POST", "/retrieve", body=json.dumps({"queries": [QUERIES[0]]}).encode())
+            conn.request("POST", "/retrieve", body=json.dumps({"queries": [QUERIES[0]]}).encode(),
+                         headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
             assert resp.status == 200 and len(json.loads(resp.read())["result"][0]) == 3
     finally:
@@ -358,6 +363,10 @@ BAD_BODIES = [
     (b'{"queries": ["q"], "topk": true}', "integer"),
     (b'{"queries": ["q"], "return_scores": "yes"}', "true or false"),
     (b'{"queries": ["q"], "return_scores": 1}', "true or false"),
+    # Python refuses to parse integers of more than 4,300 digits: still the client's mistake
+    (b'{"queries": ["q"], "topk": 1' + b"0" * 5000 + b"}", "more than 4300 digits"),
+    (b'{"queries": ["ok", "a\\ud800b"]}', r"queries\[1\] is not valid Unicode.*lone surrogate"),
+    (b'{"queries": ["\\udc00"]}', r"queries\[0\] is not valid Unicode"),
 ]
 
 
@@ -393,27 +402,56 @@ def test_missing_content_length_is_411(server: RetrievalServer) -> None:
     head = b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n"
     status, data = split_response(raw_exchange(server, head, b'{"queries": ["q"]}', half_close=True))
     assert status == 411 and "Content-Length" in data["error"]
-    chunked = (b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunked = (b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n"
                b"11\r\n{\"queries\": [\"q\"]}\r\n0\r\n\r\n")
     assert split_response(raw_exchange(server, chunked))[0] == 411
 
 
 def test_bad_and_short_content_length(server: RetrievalServer) -> None:
-    head = b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n"
-    assert split_response(raw_exchange(server, head))[0] == 400
+    for value in (b"-5", b"1" + b"0" * 5000, "\u00b2".encode(), "\u0663".encode(), b"1 2", b"0x10"):
+        head = JSON_POST + b"Content-Length: " + value + b"\r\n\r\n"
+        status, data = split_response(raw_exchange(server, head))
+        assert status == 400 and "Content-Length" in data["error"], value[:20]
     # The client announces 100 bytes, sends 17 and stops sending.
-    head = b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
+    head = JSON_POST + b"Content-Length: 100\r\n\r\n"
     status, data = split_response(raw_exchange(server, head, b'{"queries": ["q"]', half_close=True))
     assert status == 400 and "ended after 17 of 100" in data["error"]
 
 
-def test_non_json_content_type_is_415(server: RetrievalServer) -> None:
+def test_a_body_that_is_not_declared_json_is_415(server: RetrievalServer) -> None:
+    """A web page can send a cross-origin POST without a preflight only with no type or a form/text one."""
     body = json.dumps({"queries": ["q"]}).encode()
-    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                  "application/vnd.api+json", "application/jsonp", ""):
         status, _, data = request(server, "POST", "/retrieve", body, {"Content-Type": ctype})
-        assert status == 415 and "error" in data, ctype
-    for ctype in ("application/json", "application/json; charset=utf-8", "application/vnd.api+json"):
+        assert status == 415 and "application/json" in data["error"], ctype
+    # No Content-Type at all (fetch() with a Blob body, or http.client's default)
+    status, data = split_response(raw_exchange(
+        server, b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(body), body))
+    assert status == 415 and "no Content-Type" in data["error"]
+    for ctype in ("application/json", "application/json; charset=utf-8", "Application/JSON ; charset=UTF-8"):
         assert request(server, "POST", "/retrieve", body, {"Content-Type": ctype})[0] == 200, ctype
+
+
+FOREIGN_ORIGINS = ["https://evil.example", "http://evil.example:8000", "null", "http://localhost.evil.example",
+                   "http://127.0.0.1.evil.example", "file://", "not a url"]
+
+
+@pytest.mark.parametrize("origin", FOREIGN_ORIGINS)
+def test_a_foreign_origin_is_403(server: RetrievalServer, origin: str) -> None:
+    """A page on another site must not run searches (a POST) or probe the server (a GET)."""
+    headers = {"Content-Type": "application/json", "Origin": origin}
+    status, _, data = request(server, "POST", "/retrieve", json.dumps({"queries": ["q"]}).encode(), headers)
+    assert status == 403 and "Origin" in data["error"]
+    assert request(server, "GET", "/health", None, {"Origin": origin})[0] == 403
+
+
+def test_loopback_origins_are_allowed(server: RetrievalServer) -> None:
+    body = json.dumps({"queries": ["q"]}).encode()
+    for origin in ("http://localhost:3000", "http://127.0.0.1:8000", "http://[::1]:8000", "https://localhost"):
+        headers = {"Content-Type": "application/json", "Origin": origin}
+        assert request(server, "POST", "/retrieve", body, headers)[0] == 200, origin
 
 
 def test_wrong_method_and_unknown_path(server: RetrievalServer) -> None:
@@ -436,10 +474,162 @@ def test_wrong_method_and_unknown_path(server: RetrievalServer) -> None:
 def test_foreign_host_header_is_refused_on_loopback(server: RetrievalServer) -> None:
     """A page whose DNS name was rebound to 127.0.0.1 must not read the corpus."""
     body = json.dumps({"queries": ["q"]}).encode()
-    status, _, data = request(server, "POST", "/retrieve", body, {"Host": "evil.example:8000"})
+    json_type = {"Content-Type": "application/json"}
+    status, _, data = request(server, "POST", "/retrieve", body, {"Host": "evil.example:8000", **json_type})
     assert status == 403 and "loopback" in data["error"]
     for host in ("localhost:8000", "127.0.0.1", "[::1]:8000"):
-        assert request(server, "POST", "/retrieve", body, {"Host": host})[0] == 200, host
+        assert request(server, "POST", "/retrieve", body, {"Host": host, **json_type})[0] == 200, host
+
+
+def test_a_lone_surrogate_query_on_a_dense_index_is_400(store: PassageStore) -> None:
+    """The real int8 MiniLM tokenizer cannot take a lone surrogate: the request is wrong, not the server."""
+    faiss = pytest.importorskip("faiss")
+    from dgpo_edge.retrieval.encoders import MiniLMOnnx, minilm_onnx_available
+    from dgpo_edge.retrieval.retrievers import DenseRetriever, HybridRetriever
+
+    if not minilm_onnx_available():
+        pytest.skip("needs the int8 ONNX MiniLM encoder")
+    encoder = MiniLMOnnx(threads=1)
+    rows = store.get_rows(list(range(20)))
+    index = faiss.IndexFlatIP(encoder.spec.dim)
+    index.add(encoder.encode_passages([p.contents for p in rows]))
+    small = PassageStore.build(store.path.with_name("dense.sqlite"), rows)
+    dense = DenseRetriever(small, index, encoder)
+    try:
+        for retriever in (dense, HybridRetriever(dense, BM25Retriever(small))):
+            with running(retriever) as s:
+                for query in ("\ud800", "caf\udce9"):  # the second is how Python decodes b"caf\xe9" in argv
+                    status, data = post_json(s, {"queries": [QUERIES[0], query]})
+                    assert status == 400 and "queries[1] is not valid Unicode" in data["error"], data
+                assert post_json(s, {"queries": [QUERIES[0]]})[0] == 200
+    finally:
+        small.close()
+
+
+# --- slow clients and connection bounds -------------------------------------------------------------
+
+
+def trickle(server: RetrievalServer, head: bytes, drip: bytes, every: float = 0.2,
+            give_up: float = 6.0) -> tuple[bytes, float]:
+    """Send `head`, then one byte of `drip` every `every` s until the server answers or closes.
+
+    Returns what the server sent and how long after `head` it stopped the exchange.
+    """
+    with socket.create_connection(server.server_address[:2], timeout=every) as sock:
+        sock.sendall(head)
+        start, answer = time.monotonic(), b""
+        for i in range(int(give_up / every)):
+            try:
+                sock.sendall(drip[i % len(drip):i % len(drip) + 1])
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:  # reset: the server closed while we were still sending
+                break
+            if not chunk:
+                break
+            answer += chunk
+        return answer, time.monotonic() - start
+
+
+@pytest.mark.parametrize("part", ["request line", "headers", "body"])
+def test_a_trickling_client_is_cut_off_at_the_request_deadline(retriever: Retriever, part: str) -> None:
+    """Slow-loris: a byte every 0.2 s never trips a per-read timeout, but the whole request has 1 s."""
+    head = {"request line": b"POST /retrie",
+            "headers": JSON_POST + b"X-Slow: ",
+            "body": JSON_POST + b"Content-Length: 1000\r\n\r\n"}[part]
+    with running(retriever, request_timeout=1.0) as s:
+        answer, elapsed = trickle(s, head, b"a")
+        assert elapsed < 3.0, elapsed
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert "within 1 s" in split_response(answer)[1]["error"]
+        assert post_json(s, {"queries": ["q"]})[0] == 200
+
+
+def test_an_idle_connection_is_closed_without_an_answer(retriever: Retriever) -> None:
+    with running(retriever, request_timeout=0.5) as s, \
+            socket.create_connection(s.server_address[:2], timeout=5) as sock:
+        start = time.monotonic()
+        assert sock.recv(100) == b""  # closed, with nothing to answer
+        assert time.monotonic() - start < 2.5
+
+
+def test_handler_threads_are_bounded_and_the_rest_get_503(retriever: Retriever) -> None:
+    """3 handler threads and 2 waiting places: of 9 silent connections the last 4 are refused at once."""
+    with running(retriever, max_threads=3, max_pending=2, request_timeout=30) as s:
+        before = threading.active_count()
+        socks = [socket.create_connection(s.server_address[:2], timeout=5) for _ in range(9)]
+        try:
+            start = time.monotonic()
+            for sock in socks[5:]:
+                status, data = split_response(b"".join(iter(lambda sock=sock: sock.recv(65536), b"")))
+                assert status == 503 and "busy" in data["error"]
+            assert time.monotonic() - start < 3
+            assert threading.active_count() - before <= 3
+            # a client refused mid-request still reads its 503 (no reset before it could)
+            for _ in range(10):
+                status, data = post_json(s, {"queries": ["q"]})
+                assert status == 503 and "retry" in data["error"]
+        finally:
+            for sock in socks:
+                sock.close()
+        # the held connections end when their clients leave; the server answers again
+        deadline = time.monotonic() + 5
+        while (status := post_json(s, {"queries": ["q"]})[0]) == 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status == 200
+        assert threading.active_count() - before <= 3
+
+
+def test_pipelined_requests_on_one_connection_are_all_answered(server: RetrievalServer) -> None:
+    """Bytes read past one request stay buffered for the next (the reader is not per request)."""
+    body = json.dumps({"queries": [QUERIES[0]]}).encode()
+    one = JSON_POST + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    last = JSON_POST + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    answer = raw_exchange(server, one * 2 + last)
+    assert answer.count(b"HTTP/1.1 200 OK") == 3
+
+
+def test_deadline_reader_lines_reads_and_deadline() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        reader = DeadlineReader(a, write_timeout=None)
+        reader.start(5)
+        b.sendall(b"GET / HTTP/1.1\r\nlong header line\r\nbody-bytes")
+        assert reader.readline(65537) == b"GET / HTTP/1.1\r\n" and reader.started
+        assert reader.readline(4) == b"long"  # the limit cuts a line, as BufferedReader does
+        assert reader.readline() == b" header line\r\n"
+        assert reader.read(4) == b"body"
+        reader.start(0.3)
+        assert reader.started  # "-bytes" is already here: part of the next request
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            reader.read(100)
+        assert reader.expired and 0.2 < time.monotonic() - start < 2
+        b.shutdown(socket.SHUT_WR)
+        reader.start(5)
+        assert reader.read(100) == b"-bytes" and reader.readline() == b""  # EOF
+
+
+def test_handler_pool_bounds_threads_and_waiting_items() -> None:
+    release = threading.Event()
+    done: list[int] = []
+    pool = HandlerPool(lambda i: (release.wait(5), done.append(i)), max_threads=2, max_pending=1)
+    before = threading.active_count()
+    assert [pool.submit(i) for i in range(5)] == [True, True, True, False, False]
+    assert threading.active_count() - before == 2
+    release.set()
+    deadline = time.monotonic() + 5
+    while len(done) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(done) == [0, 1, 2] and pool.submit(3)
+    assert pool.close() in ([], [3]) and not pool.submit(4)
+
+
+def test_waiting_connections_are_served_when_a_thread_frees(retriever: Retriever) -> None:
+    with running(retriever, max_threads=1, max_pending=4) as s, ThreadPoolExecutor(4) as pool:
+        statuses = list(pool.map(lambda _: post_json(s, {"queries": ["q"]})[0], range(4)))
+    assert statuses == [200] * 4
 
 
 # --- server errors ----------------------------------------------------------------------------------
@@ -495,7 +685,8 @@ def test_serve_prints_address_and_stops_on_ctrl_c(retriever: Retriever, monkeypa
 
 
 def test_bad_options_are_refused(retriever: Retriever) -> None:
-    for options in ({"default_topk": 0}, {"default_topk": 101}, {"max_queries": 0}):
+    for options in ({"default_topk": 0}, {"default_topk": 101}, {"max_queries": 0}, {"max_threads": 0},
+                    {"max_pending": -1}, {"request_timeout": 0}):
         with pytest.raises(ValueError):
             make_server(retriever, port=0, **options)
     with pytest.raises(InputError, match="not an http"):

@@ -117,6 +117,7 @@ def search(
     """Search an index and print the top passages."""
     if not query.strip():
         raise InputError("the query is empty")
+    _check_utf8(query)
     from ..retrieval.retrievers import open_index
     from ..retrieval.server import result_json
 
@@ -145,6 +146,16 @@ def info(
     _print_info(index, verify_files(index, full=verify), verified=verify)
 
 
+def _check_utf8(query: str) -> None:
+    """Refuse argv bytes that were not UTF-8: Python keeps them as lone surrogates, which no encoder takes."""
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = ord(query[e.start])
+        byte = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"U+{char:04X}"
+        raise InputError(f"the query is not valid UTF-8 text ({byte} at character {e.start + 1})") from None
+
+
 def _print_info(index: Path, m: dict, verified: bool = False) -> None:
     table = Table(title=f"index {index}", show_header=False)
     table.add_row("kind", m["kind"])
@@ -171,9 +182,21 @@ def serve(
     max_queries: int = typer.Option(256, help="Largest batch of queries one request may hold."),
     threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads."),
 ) -> None:
-    """Serve Search-R1's POST /retrieve API for an index (Ctrl-C stops)."""
+    """Serve Search-R1's POST /retrieve API for an index (Ctrl-C stops).
+
+    Each request must arrive within 10 s; 32 are handled at once and 64 more
+    wait, the rest get 503 (see docs/retrieval.md).
+    """
     from ..retrieval.retrievers import open_index
+    from ..retrieval.server import Limits
     from ..retrieval.server import serve as run_server
 
+    # Checked before the index is opened (loading an encoder takes seconds).
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port must be in 0..65535, got {port}")
+    if not 1 <= topk <= Limits.max_topk:
+        raise InputError(f"--topk must be in 1..{Limits.max_topk}, got {topk}")
+    if max_queries < 1:
+        raise InputError(f"--max-queries must be >= 1, got {max_queries}")
     with open_index(index, kind=kind, threads=threads) as retriever:
         run_server(retriever, host=host, port=port, default_topk=topk, max_queries=max_queries)

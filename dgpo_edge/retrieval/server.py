@@ -9,39 +9,46 @@ server: `return_scores: false` works (theirs crashes on the dense path) and
 returns the bare corpus rows, and every request is bounded (body size, query
 count and length, topk) because this runs on a laptop next to private notes.
 
-The server binds 127.0.0.1 by default. While bound to loopback it also refuses
-requests whose `Host` header names anything but a loopback address or
-`localhost`, which stops DNS-rebinding pages in a browser from reading the
-corpus; browser "simple" requests (form and text/plain bodies) are refused with
-415 for the same reason.
+The server binds 127.0.0.1 by default. Web pages the user opens must not use
+it (`http_checks`): while bound to loopback it refuses requests whose `Host`
+names anything but this machine (DNS rebinding, 403), it refuses requests with
+a foreign `Origin` (403), and a body must be declared `application/json` (415),
+which a page cannot send cross-origin without a preflight.
+
+Slow or idle clients are bounded too (`bounded`): a whole request, headers and
+body, must arrive within `request_timeout` seconds (408, or a silent close for
+a connection that sent nothing), at most `max_threads` handler threads run,
+at most `max_pending` further connections wait for one, and the rest are
+answered 503 at once.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import errno
 import json
 import logging
 import math
+import re
 import socket
 import socketserver
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
+from ..errors import InputError
 from ..protocol import Passage
 from .base import Retriever
+from .bounded import DeadlineReader, HandlerPool, Lingerer
+from .http_checks import host_problem, is_loopback, json_type_problem, origin_problem
 
 logger = logging.getLogger(__name__)
 
 JSON_TYPE = "application/json; charset=utf-8"
 _MAX_ERROR_CHARS = 200
-# Content types a browser may send cross-origin without a CORS preflight, plus
-# other clearly-not-JSON ones: refusing them keeps web pages from driving the API.
-_NON_JSON_TYPES = ("text/", "multipart/", "application/x-www-form-urlencoded", "application/xml",
-                   "application/octet-stream", "image/", "audio/", "video/")
 
 
 @dataclass(frozen=True)
@@ -101,13 +108,16 @@ def parse_retrieve_body(body: bytes, limits: Limits) -> RetrieveRequest:
 
 
 def _decode_json(body: bytes) -> Any:
-    """JSON from UTF-8 bytes; deep nesting and bad bytes are client errors too."""
+    """JSON from UTF-8 bytes; deep nesting, huge integers and bad bytes are client errors too."""
     try:
         return json.loads(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise ClientError(400, "the body is not UTF-8") from None
     except json.JSONDecodeError as e:
         raise ClientError(400, f"malformed JSON: {e}") from None
+    except ValueError:  # Python's int-string limit, raised while parsing a long integer
+        raise ClientError(400, f"malformed JSON: an integer has more than {sys.get_int_max_str_digits()} "
+                               "digits") from None
     except RecursionError:
         raise ClientError(400, "malformed JSON: nested too deeply") from None
 
@@ -127,7 +137,17 @@ def _check_queries(queries: Any, limits: Limits) -> list[str]:
             raise ClientError(400, f"queries[{i}] must be a string, not {_json_type(q)}")
         if len(q) > limits.max_query_chars:
             raise ClientError(400, f"queries[{i}] is too long: {len(q)} > {limits.max_query_chars} characters")
+        _check_unicode(q, f"queries[{i}]")
     return queries
+
+
+def _check_unicode(text: str, name: str) -> None:
+    """Refuse JSON's `\\ud800` escapes that decode to a lone surrogate: no encoder can take one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ClientError(400, f"{name} is not valid Unicode text: a lone surrogate "
+                               f"(U+{ord(text[e.start]):04X}) at index {e.start}") from None
 
 
 def _check_topk(topk: Any, limits: Limits) -> int:
@@ -182,30 +202,35 @@ def _short(e: BaseException) -> str:
 
 # --- the server ------------------------------------------------------------------------
 
-class RetrievalServer(ThreadingHTTPServer):
-    """A ThreadingHTTPServer that owns the retriever, the limits and the lock.
+class RetrievalServer(HTTPServer):
+    """An HTTPServer that owns the retriever, the limits, the handler pool and the lock.
 
-    Handler threads are daemons, so a client stuck mid-request never blocks
-    shutdown. The retriever is called under one lock unless it declares
-    `thread_safe = True`: FAISS searches and SQLite connections are not all
-    safe to share, and a serialised search is slower, never wrong.
+    Connections are handled by a `HandlerPool` of daemon threads (a client
+    stuck mid-request never blocks shutdown); when it is full, the accepting
+    thread answers 503 itself. The retriever is called under one lock unless
+    it declares `thread_safe = True`: FAISS searches and SQLite connections are
+    not all safe to share, and a serialised search is slower, never wrong.
     """
 
-    daemon_threads = True
     # socketserver's default listen backlog is 5: a rollout batch of 20+ workers
     # connecting at once then sees connection resets.
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], retriever: Retriever, limits: Limits,
-                 log: Callable[[str], None] | None, request_timeout: float):
+                 log: Callable[[str], None] | None, request_timeout: float,
+                 max_threads: int = 32, max_pending: int = 64):
+        if not request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0, got {request_timeout}")
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.retriever = retriever
         self.limits = limits
         self.log = log
         self.request_timeout = request_timeout
         self._search_lock = None if getattr(retriever, "thread_safe", False) else threading.Lock()
+        self._pool = HandlerPool(self._handle, max_threads, max_pending, name="retrieval")
+        self._lingerer = Lingerer()
         super().__init__(address, RetrieveHandler)
-        self.loopback_only = _is_loopback(self.server_address[0])
+        self.loopback_only = is_loopback(self.server_address[0])
 
     @property
     def url(self) -> str:
@@ -240,33 +265,54 @@ class RetrievalServer(ThreadingHTTPServer):
                 continue
         return None
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Hand the connection to a pool thread, or answer 503 now when none is free or waiting."""
+        if not self._pool.submit((request, client_address)):
+            self._refuse_busy(request)
+
+    def _handle(self, item: tuple[Any, Any]) -> None:
+        """One connection on a pool thread, as ThreadingMixIn's thread would do it."""
+        request, client_address = item
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 - socketserver's contract: report, then close
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+
+    def _refuse_busy(self, sock: socket.socket) -> None:
+        """A 503 on the accepting thread, which never waits on the client: the
+        answer fits the empty send buffer, and the socket is closed by `_lingerer`."""
+        pool = self._pool
+        body = json.dumps({"error": f"the server is busy ({pool.max_threads} requests in progress, "
+                                    f"{pool.max_pending} waiting); retry shortly"}).encode()
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: {JSON_TYPE}\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+        try:
+            sock.settimeout(0.5)
+            sock.sendall(head.encode() + body)
+        except OSError:
+            pass  # the client is gone or stalled; the socket is closed next either way
+        self._lingerer.add(sock)
+
+    def service_actions(self) -> None:
+        """Called by `serve_forever` between requests: close refused sockets whose time is up."""
+        super().service_actions()
+        self._lingerer.poll()
+
+    def server_close(self) -> None:
+        """Close the listening socket and the connections still waiting for a thread."""
+        super().server_close()
+        self._lingerer.close_all()
+        for request, _ in self._pool.close():
+            self.shutdown_request(request)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Log unexpected handler failures instead of printing to stderr.
 
         A client that hangs up mid-response is routine, not worth a traceback.
         """
         logger.debug("connection from %s ended with an error", client_address, exc_info=True)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def _host_is_local(host_header: str) -> bool:
-    """Whether a Host header names this machine by a loopback literal or `localhost`.
-
-    Anything else reaching a loopback-bound server is a DNS-rebinding attempt
-    (a web page's own host name resolved to 127.0.0.1).
-    """
-    host = host_header.strip().lower()
-    if host.startswith("["):
-        host = host[1:].split("]", 1)[0]
-    elif host.count(":") == 1:
-        host = host.split(":", 1)[0]
-    return host == "localhost" or host.endswith(".localhost") or _is_loopback(host)
 
 
 class RetrieveHandler(BaseHTTPRequestHandler):
@@ -278,9 +324,26 @@ class RetrieveHandler(BaseHTTPRequestHandler):
     routes = {"/retrieve": "POST", "/health": "GET"}
 
     def setup(self) -> None:
-        """Bound every socket read, so a slow or silent client cannot pin a thread."""
-        self.timeout = self.server.request_timeout
+        """Reads share one deadline per request, so a slow or silent client cannot pin a thread."""
+        self.timeout = self.server.request_timeout  # bounds each write of an answer
         super().setup()
+        self.rfile.close()
+        self.rfile = DeadlineReader(self.connection, self.timeout)  # type: ignore[assignment]
+
+    def handle_one_request(self) -> None:
+        """One request within `request_timeout`; 408 when it started but did not finish in time.
+
+        The stdlib catches the timeout of a request line or header read and just
+        closes; a client that sent part of a request is told why. A connection
+        that sent nothing (idle keep-alive, a half-open socket) is closed silently.
+        """
+        reader: DeadlineReader = self.rfile  # type: ignore[assignment]
+        reader.start(self.server.request_timeout)
+        self._answered = False
+        self.command, self.requestline, self.request_version = "", "", self.protocol_version
+        super().handle_one_request()
+        if reader.expired and reader.started and not self._answered:
+            self.send_error(408, f"the request did not arrive within {self.server.request_timeout:g} s")
 
     # One entry point per method: the router decides 404/405.
     def do_GET(self) -> None:
@@ -308,7 +371,7 @@ class RetrieveHandler(BaseHTTPRequestHandler):
         """Dispatch, turning ClientError into its status and anything else into 500."""
         self._body_read = False
         try:
-            self._check_host()
+            self._refuse_web_pages()
             path = self.path.split("?", 1)[0]
             allowed = self.routes.get(path)
             if allowed is None:
@@ -327,13 +390,16 @@ class RetrieveHandler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client left; nobody to answer
         except Exception as e:  # noqa: BLE001 - a server error must still get a JSON answer
             logger.exception("retrieval request failed: %s %s", method, self.path)
+            if self._has_unread_body():
+                self._abandon_input()
             self._send_error_json(500, f"retrieval failed: {_short(e)}")
 
-    def _check_host(self) -> None:
-        host = self.headers.get("Host")
-        if self.server.loopback_only and host is not None and not _host_is_local(host):
-            raise ClientError(403, f"Host {host!r} is not a loopback name; this server only "
-                                   "answers requests addressed to localhost or 127.0.0.1")
+    def _refuse_web_pages(self) -> None:
+        """Refuse requests made by web pages: a rebound DNS name or a foreign Origin."""
+        problem = host_problem(self.headers.get("Host"), self.server.loopback_only) \
+            or origin_problem(self.headers.get("Origin"))
+        if problem:
+            raise ClientError(*problem)
 
     def _retrieve(self) -> None:
         body = self._read_body()
@@ -367,7 +433,8 @@ class RetrieveHandler(BaseHTTPRequestHandler):
             data = self.rfile.read(length) if length else b""
         except TimeoutError:
             self._abandon_input()
-            raise ClientError(408, f"the body did not arrive within {self.server.request_timeout:g} s") from None
+            raise ClientError(408, f"the request did not arrive within {self.server.request_timeout:g} s "
+                                   "(headers and body)") from None
         self._body_read = True
         if len(data) < length:
             self.close_connection = True
@@ -375,10 +442,10 @@ class RetrieveHandler(BaseHTTPRequestHandler):
         return data
 
     def _check_content_type(self) -> None:
-        ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        if ctype.startswith(_NON_JSON_TYPES):
+        problem = json_type_problem(self.headers.get("Content-Type"))
+        if problem:
             self._abandon_input()
-            raise ClientError(415, f"Content-Type {ctype!r} is not JSON; send application/json")
+            raise ClientError(*problem)
 
     def _content_length(self) -> int:
         limit = self.server.limits.max_body_bytes
@@ -386,9 +453,10 @@ class RetrieveHandler(BaseHTTPRequestHandler):
         if raw is None or self.headers.get("Transfer-Encoding"):
             self._abandon_input()
             raise ClientError(411, "a Content-Length header is required (chunked bodies are not accepted)")
-        if not raw.strip().isdigit():
+        # ASCII digits only (str.isdigit takes "²", which int() refuses), few enough for int()
+        if not re.fullmatch(r"[0-9]{1,18}", raw.strip()):
             self._abandon_input()
-            raise ClientError(400, f"bad Content-Length {raw!r}")
+            raise ClientError(400, f"bad Content-Length {raw[:40]!r}")
         length = int(raw)
         if length > limit:
             self._abandon_input()
@@ -424,6 +492,7 @@ class RetrieveHandler(BaseHTTPRequestHandler):
 
     def _send_json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(obj, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        self._answered = True
         self.send_response(status)
         self.send_header("Content-Type", JSON_TYPE)
         self.send_header("Content-Length", str(len(body)))
@@ -481,24 +550,32 @@ def _linger(sock: socket.socket, seconds: float = 1.0, max_bytes: int = 1 << 20)
 def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000,
                 default_topk: int = 3, max_queries: int = 256, max_topk: int = 100,
                 max_body_bytes: int = 1_000_000, max_query_chars: int = 2000, *,
-                log: Callable[[str], None] | None = None,
-                request_timeout: float = 30.0) -> RetrievalServer:
+                log: Callable[[str], None] | None = None, request_timeout: float = 10.0,
+                max_threads: int = 32, max_pending: int = 64) -> RetrievalServer:
     """A bound, not yet serving, Search-R1-compatible server (port 0 picks a free one).
 
     Call `serve_forever()` (in a thread, for tests) and `shutdown()` plus
     `server_close()` to stop; `.url` gives the base URL. `log(line)` receives
     access lines; server errors always go to the `logging` module as well.
+    `request_timeout` bounds the arrival of each whole request (and each write
+    of an answer); `max_threads` and `max_pending` bound the connections
+    handled and waiting (see the module docstring). Bad values raise
+    ValueError; a failed bind raises the socket's OSError.
     """
     limits = Limits(default_topk, max_queries, max_topk, max_body_bytes, max_query_chars)
-    return RetrievalServer((host, port), retriever, limits, log, request_timeout)
+    return RetrievalServer((host, port), retriever, limits, log, request_timeout, max_threads, max_pending)
 
 
 def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
     """Serve until Ctrl-C, printing the bound address first (the port when 0 was asked).
 
-    The retriever is left open: whoever made it closes it.
+    The retriever is left open: whoever made it closes it. A host or port that
+    cannot be bound is an InputError (one `error:` line from the CLI).
     """
-    server = make_server(retriever, host, port, **options)
+    try:
+        server = make_server(retriever, host, port, **options)
+    except (OSError, OverflowError) as e:
+        raise InputError(bind_error_message(e, host, port)) from None
     print(f"Serving POST {server.url}/retrieve (Ctrl-C stops)", flush=True)
     if not server.loopback_only:
         print(f"warning: bound to {host}, reachable from other machines", flush=True)
@@ -508,3 +585,16 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, **opt
         print("stopped", flush=True)
     finally:
         server.server_close()
+
+
+def bind_error_message(e: OSError | OverflowError, host: str, port: int) -> str:
+    """Why `host:port` cannot be listened on, in the user's terms."""
+    where = f"cannot listen on {host}:{port}"
+    if isinstance(e, OverflowError):
+        return f"{where}: the port must be in 0..65535"
+    if isinstance(e, socket.gaierror):
+        return f"{where}: the host name does not resolve ({e.strerror})"
+    reasons = {errno.EADDRINUSE: "the port is in use (choose another --port, or 0 for a free one)",
+               errno.EADDRNOTAVAIL: "that address is not one of this machine's",
+               errno.EACCES: "permission denied (ports below 1024 need privileges)"}
+    return f"{where}: {reasons.get(e.errno or 0, e.strerror or str(e))}"
