@@ -80,6 +80,8 @@ def test_index_build_prints_the_summary_and_records_it(folder, tmp_path):
     assert "skipped scan.pdf: no text layer" in r.plain
     m = json.loads((out / "manifest.json").read_text())
     assert m["source"]["documents"]["read"] == 3 and m["source"]["files"] == 5  # .pdf/.html/.md, skipped too
+    info = invoke("index", "info", out)
+    assert info.exit_code == 0 and "skipped broken.pdf: unreadable PDF" in info.plain
     hits = invoke("index", "search", out, "volcano survey", "--json")
     assert json.loads(hits.output)["result"][0][0]["document"]["id"] == "report.pdf#1"
 

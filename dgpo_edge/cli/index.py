@@ -187,7 +187,9 @@ def info(
     """Show what an index holds: kind, encoder, counts, parameters, files."""
     from ..retrieval.build import verify_files
 
-    _print_info(index, verify_files(index, full=verify), verified=verify)
+    manifest = verify_files(index, full=verify)
+    _print_info(index, manifest, verified=verify)
+    print_documents(manifest)
 
 
 def _print_info(index: Path, m: dict, verified: bool = False) -> None:
