@@ -93,3 +93,22 @@ def test_a_folder_of_only_unreadable_files_is_one_error_line(tmp_path):
     r = invoke("index", "build", d, "--out", tmp_path / "idx", "--kind", "bm25")
     assert r.exit_code == 2 and "no text in any .txt, .md, .pdf or .html file" in r.output
     assert not (tmp_path / "idx").exists()
+
+
+def test_encrypted_pdfs_are_read_with_an_empty_password_else_skipped():
+    import io
+
+    from pypdf import PdfReader, PdfWriter
+
+    from dgpo_edge.retrieval.documents import Skip, pdf_sections
+
+    def encrypted(user_password: str) -> bytes:
+        w = PdfWriter(clone_from=PdfReader(io.BytesIO(make_pdf([["Owner-locked but readable."]]))))
+        w.encrypt(user_password=user_password, owner_password="owner", algorithm="RC4-128")
+        out = io.BytesIO()
+        w.write(out)
+        return out.getvalue()
+
+    assert pdf_sections(encrypted("")) == [("p. 1", ["Owner-locked but readable."])]
+    with pytest.raises(Skip, match="encrypted PDF"):
+        pdf_sections(encrypted("secret"))

@@ -146,6 +146,17 @@ def test_a_flat_index_takes_ids_on_its_first_update(tmp_path, minilm):
     assert hits[0][0].id == "week-1/note-001.md#0" and hits[1][0].id == "week-0/note-004.md#0"
 
 
+def test_an_index_of_one_file_updates_too(tmp_path):
+    note = tmp_path / "todo.md"
+    note.write_text("# Today\n\nWater the plants.\n")
+    build_index(note, tmp_path / "idx", kind="bm25")
+    note.write_text("# Today\n\nCall the plumber about the leak.\n")
+    r = update_index(note, tmp_path / "idx")
+    assert r["changed"] == ["todo.md"] and r["count"] == 1
+    with open_index(tmp_path / "idx") as bm25:
+        assert bm25.search(["plumber"], k=1)[0][0].id == "todo.md#0"
+
+
 def test_update_refuses_a_jsonl_index(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "0", "contents": "\\"A\\"\\nalpha"}\n')

@@ -114,7 +114,7 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
 def scan(folder: Path, old: dict[str, DocRecord], emit: Progress) -> Changes:
     """Compare the folder with the records; read only new and changed files."""
     skipped: list[tuple[str, Path]] = []
-    files = sorted(_text_files(folder, skipped) + skipped)
+    files = [(folder.name, folder)] if folder.is_file() else sorted(_text_files(folder, skipped) + skipped)
     c = Changes()
     for i, (rel, file) in enumerate(files, start=1):
         emit("scan", i, len(files))
