@@ -260,3 +260,25 @@ def test_a_taken_port_is_one_error_line(index):
     finally:
         taken.close()
     assert_one_line_error(r, "cannot listen on 127.0.0.1:")
+
+
+def test_a_failing_retriever_is_a_json_500_and_a_stream_error_event(index):
+    from dgpo_edge.retrieval.retrievers import open_index
+
+    broken = open_index(index)
+    broken.close()  # searching a closed store fails inside the agent, as a real fault would
+    pool = AgentPool([Agent(ScriptedEngine(["<search>capital of Peru</search>"] * 4), broken, QUICK)], 0)
+    server = LiveServer(pool)
+    try:
+        client = server.client()
+        with pytest.raises(openai.InternalServerError) as e:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Peru?"}])
+        assert "500 - error: " in e.value.message and "closed database" in e.value.message
+        assert "Traceback" not in e.value.message
+        with pytest.raises(openai.APIError, match="error: "):
+            list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Peru?"}],
+                                                stream=True))
+        assert pool.stats()["busy"] == 0
+    finally:
+        server.stop()
+        pool.agents[0].engine.close()

@@ -210,6 +210,8 @@ class _Api:
         def drive() -> None:
             try:
                 self._run_question(agent, req.question, stop, put)
+            except Exception as e:  # noqa: BLE001 - the stream then ends with an error event
+                logger.error("streamed question failed: %s: %s", type(e).__name__, e)
             finally:
                 put(None)
 
@@ -231,16 +233,19 @@ class _Api:
             while (event := await events.get()) is not None:
                 if text := trace.add(event):
                     yield chunk({"reasoning_content": text})
-            if trace.error is not None:
-                yield sse(error_json(500, trace.error))
+            if trace.end is None or trace.error is not None:
+                yield sse(error_json(500, trace.error or "internal error: the agent stopped without a result"))
             else:
-                r = trace.result
-                if r.answer:
-                    yield chunk({"content": r.answer})
+                if trace.result.answer:
+                    yield chunk({"content": trace.result.answer})
                 yield chunk({}, trace.finish_reason, dgpo_edge=extra_json(trace))
                 if req.include_usage:
                     yield sse({**chunk_json(cid, created, self.model_name, {}), "choices": [],
-                               "usage": usage_json(r)})
+                               "usage": usage_json(trace.result)})
+            yield sse("[DONE]")
+        except Exception as e:  # noqa: BLE001 - the client gets an error event, the log one line
+            logger.error("stream failed: %s: %s", type(e).__name__, e)
+            yield sse(error_json(500, f"internal error: {type(e).__name__}"))
             yield sse("[DONE]")
         finally:
             stop.set()
