@@ -282,3 +282,12 @@ def test_a_failing_retriever_is_a_json_500_and_a_stream_error_event(index):
     finally:
         server.stop()
         pool.agents[0].engine.close()
+
+
+def test_without_the_serve_extra_it_says_what_to_install(index, monkeypatch):
+    import sys
+
+    from cli_helpers import assert_one_line_error, invoke
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    assert_one_line_error(invoke("serve", "--index", index, "--port", 0), "pip install 'dgpo-edge[serve]'")
