@@ -32,7 +32,8 @@ def folder(tmp_path):
 
 def test_pdf_pages_are_passages_titled_by_page(folder):
     passages = {p.id: p for p in iter_text_corpus(folder)}
-    assert passages["report.pdf#0"].contents == '"report — p. 1"\nQuarterly report. Revenue grew (a lot) in March.'
+    first = passages["report.pdf#0"]
+    assert first.contents == '"report — p. 1"\nQuarterly report. Revenue grew (a lot) in March.'
     assert passages["report.pdf#1"].title == "report — p. 3"  # page 2 has no text: no passage
     assert "volcano survey" in passages["report.pdf#1"].text
     assert "report.pdf#2" not in passages

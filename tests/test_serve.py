@@ -204,14 +204,15 @@ def test_searches_and_sources_in_the_extra_field_and_the_stream(index):
         assert r.choices[0].message.content == "Lima" and r.choices[0].finish_reason == "stop"
         extra = r.model_extra["dgpo_edge"]
         assert [s["query"] for s in extra["searches"]] == ["capital of Peru"]
-        assert extra["searches"][0]["passages"][0] == {"id": "0", "title": "Peru",
-                                                      "score": pytest.approx(extra["searches"][0]["passages"][0]["score"])}
+        top = extra["searches"][0]["passages"][0]
+        assert (top["id"], top["title"]) == ("0", "Peru") and top["score"] > 0
         assert extra["sources"][0]["id"] == "0" and "Lima" in extra["sources"][0]["text"]
         assert extra["cited"] == ["0"]
         chunks = list(client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "Capital of Peru?"}], stream=True))
         reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks)
-        assert "<search>capital of Peru</search>" in reasoning and "searched: capital of Peru\n  [1] Peru (0)" in reasoning
+        assert "<search>capital of Peru</search>" in reasoning
+        assert "searched: capital of Peru\n  [1] Peru (0)" in reasoning
         content = "".join(c.choices[0].delta.content or "" for c in chunks)
         assert content == "Lima" and chunks[-1].model_extra["dgpo_edge"]["cited"] == ["0"]
     finally:

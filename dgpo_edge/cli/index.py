@@ -18,8 +18,9 @@ from .common import console, user_errors
 
 app = typer.Typer(help="Build, compact, search and serve retrieval indexes.", no_args_is_help=True)
 
-_STAGES = {"scan": "checking files", "fingerprint": "reading corpus", "store": "storing passages", "embed": "embedding passages",
-           "train": "building index", "add": "adding vectors", "write": "writing files"}
+_STAGES = {"scan": "checking files", "fingerprint": "reading corpus", "store": "storing passages",
+           "embed": "embedding passages", "train": "building index", "add": "adding vectors",
+           "write": "writing files"}
 
 
 @contextlib.contextmanager

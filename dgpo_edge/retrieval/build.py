@@ -10,7 +10,8 @@ The engine behind `dgpo-edge index build CORPUS --out DIR` (DESIGN §3, §7).
   `dim`, `metric`, `params` {factory, nlist, nprobe, pq, pq_bits, opq, chunk,
   train_points, trained_on (passages when built or retrained)}, `store` {bm25,
   compression}, `source` {corpus, format, files, bytes, sha256, and for a
-  folder `documents`: read, read_by_type, passages, skipped [{path, reason}]}, `produced_by`, `created`, and `files` {name: {bytes, sha256}}.
+  folder `documents`: read, read_by_type, passages, skipped [{path, reason}]},
+  `produced_by`, `created`, and `files` {name: {bytes, sha256}}.
   The same layout and writer (`compact.write_manifest`) as `dgpo-edge index
   compact`, so `open_index` reads either.
 

@@ -40,8 +40,8 @@ import numpy as np
 from ..errors import InputError
 from ..protocol import Passage
 from .base import Encoder, EncoderSpec
-from .build import (DEFAULT_WORDS, LOCK_FILE, WORK_DIR, Progress, _locked, build_index, install_files, source_entry,
-                    source_fingerprint, verify_files)
+from .build import (DEFAULT_WORDS, LOCK_FILE, WORK_DIR, Progress, _locked, build_index, install_files,
+                    source_entry, source_fingerprint, verify_files)
 from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, write_manifest
 from .corpus import _text_files, detect_format, read_document
 from .documents import READABLE_SUFFIXES, DocRecord, DocReport, record_for
