@@ -136,8 +136,20 @@ def test_two_concurrent_requests_get_their_own_engines(live):
             agent.engine.reset()
 
     fresh_caches()
+    busy, done = [], threading.Event()
+
+    def watch():  # /health answers while both engines work: the event loop is never blocked
+        while not done.is_set():
+            busy.append(json.loads(server.raw("GET", "/health")[2])["busy"])
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     with ThreadPoolExecutor(2) as ex:
         together = list(ex.map(ask, questions))
+    done.set()
+    watcher.join()
+    assert max(busy) == 2  # both questions ran at the same time, one per engine
     # each run's text is what the question gets alone: no KV cache was shared between them
     for q, text in zip(questions, together):
         fresh_caches()
