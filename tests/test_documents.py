@@ -113,3 +113,13 @@ def test_encrypted_pdfs_are_read_with_an_empty_password_else_skipped():
     assert pdf_sections(encrypted("")) == [("p. 1", ["Owner-locked but readable."])]
     with pytest.raises(Skip, match="encrypted PDF"):
         pdf_sections(encrypted("secret"))
+
+
+def test_html_the_parser_cannot_walk_is_skipped_not_a_crash():
+    from dgpo_edge.retrieval.documents import Skip, html_sections
+
+    deep = b"<html><body>" + b"<div>" * 5000 + b"deep text" + b"</div>" * 5000 + b"</body></html>"
+    with pytest.raises(Skip, match="nested too deeply"):
+        html_sections(deep)
+    utf16 = "<p>caf\u00e9 notes</p>".encode("utf-16")  # the parser finds the encoding from the BOM
+    assert html_sections(utf16) == [("", ["caf\u00e9 notes"])]

@@ -92,7 +92,6 @@ def pdf_sections(data: bytes) -> list[Section]:
     """One section per page with text, headed `p. N`; Skip when there is no text layer."""
     try:
         from pypdf import PdfReader
-        from pypdf.errors import PyPdfError
     except ImportError:
         raise Skip(f"reading PDFs needs pypdf ({INSTALL_HINT})") from None
     # pypdf logs a warning for every file it repairs ("EOF marker not found"): they would tear the
@@ -105,7 +104,7 @@ def pdf_sections(data: bytes) -> list[Section]:
         pages = [page.extract_text() or "" for page in reader.pages]
     except Skip:
         raise
-    except (PyPdfError, ValueError, KeyError, TypeError, OSError, NotImplementedError) as e:
+    except Exception as e:  # noqa: BLE001 - any failure of the parser on one file skips that file
         raise Skip(f"unreadable PDF ({type(e).__name__}: {_short(e)})") from None
     sections = [(f"p. {i}", paras) for i, text in enumerate(pages, start=1) if (paras := paragraphs(text))]
     if not sections:
@@ -140,15 +139,16 @@ def html_sections(data: bytes) -> list[Section]:
         from bs4 import BeautifulSoup
     except ImportError:
         raise Skip(f"reading HTML needs beautifulsoup4 ({INSTALL_HINT})") from None
-    soup = BeautifulSoup(data, "html.parser")  # detects the encoding from the bytes and <meta charset>
-    for tag in soup.find_all(_DROP):
-        tag.decompose()
-    root = soup.find("main") or soup.find("article") or soup.body or soup
     walker = _HtmlText()
     try:
-        walker.walk(root)
+        soup = BeautifulSoup(data, "html.parser")  # detects the encoding from the bytes and <meta charset>
+        for tag in soup.find_all(_DROP):
+            tag.decompose()
+        walker.walk(soup.find("main") or soup.find("article") or soup.body or soup)
     except RecursionError:
         raise Skip("HTML nested too deeply to read") from None
+    except Exception as e:  # noqa: BLE001 - any failure of the parser on one file skips that file
+        raise Skip(f"unreadable HTML ({type(e).__name__}: {_short(e)})") from None
     sections = [(h, paras) for h, paras in walker.finish() if paras]
     if not sections:
         raise Skip("no text in the HTML page's main content")
