@@ -131,6 +131,8 @@ def test_bm25_update_through_the_cli(tmp_path):
     assert all(after[k] == before[k] for k in unchanged)
     hits = json.loads(invoke("index", "search", idx, "telescope repair", "--json").output)["result"][0]
     assert hits[0]["document"]["id"] == "week-0/note-004.md#0"
+    again = invoke("index", "build", notes, "--out", idx, "--kind", "bm25")
+    assert_one_line_error(again, "pass --overwrite to replace it; or `dgpo-edge index update`")
     r = invoke("index", "update", notes, "--out", idx, "--json")
     assert json.loads(r.output)["unchanged"] == 20 and not (idx / ".work").exists()
 

@@ -120,7 +120,9 @@ def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder
     if out.exists() and not out.is_dir():
         raise InputError("the output path exists and is not a folder", out)
     if (out / MANIFEST_FILE).exists() and not overwrite:
-        raise InputError("an index already exists here (manifest.json); pass --overwrite to replace it", out)
+        hint = "; or `dgpo-edge index update` to bring it up to date" if fmt == "text" else ""
+        raise InputError(f"an index already exists here (manifest.json); pass --overwrite to replace it{hint}",
+                         out)
 
     encoder = None
     if kind != "bm25":
