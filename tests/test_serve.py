@@ -180,6 +180,10 @@ def test_a_full_queue_answers_503_and_the_retrieve_route_works(live):
         {"Content-Type": "application/json"})
     hits = json.loads(body)["result"][0]
     assert status == 200 and hits[0]["document"]["id"] == "0" and len(hits) == 2
+    from dgpo_edge.retrieval.http import HttpRetriever
+
+    with HttpRetriever(server.url + "/retrieve") as remote:  # the project's own Search-R1 client
+        assert [p.id for p in remote.search(["capital of Kenya"], k=1)[0]] == ["4"]
 
 
 @pytest.mark.parametrize("method, path, body, headers, status, needle", [
