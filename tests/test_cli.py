@@ -53,7 +53,7 @@ def test_help(args, expected):
 
 def test_only_built_commands_are_registered():
     root = typer.main.get_command(app)
-    assert sorted(root.commands) == ["ask", "bundle", "chat", "data", "eval", "export", "index", "model", "plot", "train"]
+    assert sorted(root.commands) == ["ask", "bundle", "chat", "data", "eval", "export", "index", "model", "plot", "serve", "train"]
     assert {"factbook", "inspect"} <= set(root.commands["data"].commands)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Optional
 
@@ -18,8 +18,9 @@ from .common import console, user_errors
 
 app = typer.Typer(help="Build, compact, search and serve retrieval indexes.", no_args_is_help=True)
 
-_STAGES = {"fingerprint": "reading corpus", "store": "storing passages", "embed": "embedding passages",
-           "train": "building index", "add": "adding vectors", "write": "writing files"}
+_STAGES = {"scan": "checking files", "fingerprint": "reading corpus", "store": "storing passages",
+           "embed": "embedding passages", "train": "building index", "add": "adding vectors",
+           "write": "writing files"}
 
 
 @contextlib.contextmanager
@@ -42,10 +43,22 @@ def _progress_bar() -> Iterator[Progress]:
     bar.stop()
 
 
+def _stage_tasks(bar: Progress) -> Callable[[str, int, "int | None"], None]:
+    """A build's `progress(stage, done, total)` drawn as one bar per stage."""
+    tasks: dict[str, int] = {}
+
+    def progress(stage: str, done: int, total: int | None) -> None:
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(_STAGES.get(stage, stage), total=total)
+        bar.update(tasks[stage], completed=done, total=total)
+
+    return progress
+
+
 @app.command("build")
 @user_errors
 def build(
-    corpus: Path = typer.Argument(..., help="Search-R1 jsonl, a folder of .txt/.md files, or a FactbookQA directory."),
+    corpus: Path = typer.Argument(..., help="Search-R1 jsonl, a folder of documents (.txt, .md, .pdf, .html), or a FactbookQA directory."),
     out: Path = typer.Option(..., "--out", help="Index directory to write."),
     encoder: str = typer.Option("minilm-int8", help="minilm-int8 (torch-free), minilm (torch), or a local model directory (e5-base-v2)."),
     kind: str = typer.Option("ivfpq", help="flat, ivfpq, bm25 or hybrid (ivfpq + bm25 fused)."),
@@ -61,17 +74,50 @@ def build(
     from ..retrieval.build import build_index
 
     with _progress_bar() as bar:
-        tasks: dict[str, int] = {}
-
-        def progress(stage: str, done: int, total: int | None) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(_STAGES.get(stage, stage), total=total)
-            bar.update(tasks[stage], completed=done, total=total)
-
         manifest = build_index(corpus, out, encoder_spec=encoder, kind=kind, nlist=nlist, pq=pq, opq=opq,
-                               nprobe=nprobe, chunk=chunk, threads=threads, progress=progress,
+                               nprobe=nprobe, chunk=chunk, threads=threads, progress=_stage_tasks(bar),
                                overwrite=overwrite)
     _print_info(out, manifest)
+    print_documents(manifest)
+
+
+@app.command("update")
+@user_errors
+def update(
+    folder: Path = typer.Argument(..., help="The folder of documents the index was built from."),
+    out: Path = typer.Option(..., "--out", help="The index directory to update (from `index build FOLDER --out DIR`)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads (default: library defaults)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Re-read only new and changed files, drop deleted ones; no retraining until the index doubles.
+
+    Example: dgpo-edge index update ~/notes --out ~/notes-index
+    """
+    from ..retrieval.update import update_index
+
+    if as_json:  # nothing but the JSON on stdout
+        report = update_index(folder, out, threads=threads)
+        report.pop("manifest")
+        typer.echo(json.dumps(report, ensure_ascii=False, indent=2))
+        return
+    with _progress_bar() as bar:
+        report = update_index(folder, out, threads=threads, progress=_stage_tasks(bar))
+    manifest = report.pop("manifest")
+    _print_update(report)
+    print_documents(manifest)
+
+
+def _print_update(r: dict) -> None:
+    if not (r["added"] or r["changed"] or r["deleted"] or r["passages_added"] or r["passages_removed"]):
+        console.print(f"up to date: {r['unchanged']} file(s) unchanged, {r['count']:,} passages", highlight=False)
+        return
+    for what in ("added", "changed", "deleted"):
+        for path in r[what]:
+            console.print(f"  {what} {escape(path)}", highlight=False)
+    how = "rebuilt (grown past the retraining factor)" if r["retrained"] else "updated in place"
+    console.print(f"{how}: {len(r['added'])} added, {len(r['changed'])} changed, {len(r['deleted'])} deleted, "
+                  f"{r['unchanged']} unchanged file(s); +{r['passages_added']} -{r['passages_removed']} passages, "
+                  f"{r['count']:,} in all", highlight=False)
 
 
 @app.command("compact")
@@ -143,7 +189,9 @@ def info(
     """Show what an index holds: kind, encoder, counts, parameters, files."""
     from ..retrieval.build import verify_files
 
-    _print_info(index, verify_files(index, full=verify), verified=verify)
+    manifest = verify_files(index, full=verify)
+    _print_info(index, manifest, verified=verify)
+    print_documents(manifest)
 
 
 def _check_utf8(query: str) -> None:
@@ -169,6 +217,18 @@ def _print_info(index: Path, m: dict, verified: bool = False) -> None:
         table.add_row(name, f"{f['bytes']:,} bytes" + ("  sha256 ok" if verified else ""))
     table.add_row("produced by", str(m.get("produced_by", "?")))
     console.print(table)
+
+
+def print_documents(m: dict) -> None:
+    """Which files of a documents folder were read and which were skipped, and why (never silent)."""
+    docs = (m.get("source") or {}).get("documents")
+    if not docs:
+        return
+    types = ", ".join(f"{n} {suffix}" for suffix, n in docs["read_by_type"].items())
+    console.print(f"read {docs['read']} file(s) ({types or 'none'}) into {docs['passages']:,} passages; "
+                  f"skipped {len(docs['skipped'])}", highlight=False)
+    for s in docs["skipped"]:
+        console.print(f"  skipped {escape(s['path'])}: {escape(s['reason'])}", highlight=False)
 
 
 @app.command("serve")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
-from . import ask, bundle, chat, data, export, index, model, plot, train
+from . import ask, bundle, chat, data, export, index, model, plot, serve, train
 from . import eval as eval_cli
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ app.command("chat")(chat.chat)
 app.command("ask")(ask.ask)
 app.command("eval")(eval_cli.eval_command)
 app.command("plot")(plot.plot)
+app.command("serve")(serve.serve)
 app.add_typer(bundle.app, name="bundle")
 
 

@@ -8,8 +8,10 @@ The engine behind `dgpo-edge index build CORPUS --out DIR` (DESIGN §3, §7).
   inner product, FAISS id i = store row i (absent for `kind="bm25"`);
 - `manifest.json`: `kind`, `encoder` (EncoderSpec dict, null for bm25), `count`,
   `dim`, `metric`, `params` {factory, nlist, nprobe, pq, pq_bits, opq, chunk,
-  train_points}, `store` {bm25, compression}, `source` {corpus, format, files,
-  bytes, sha256}, `produced_by`, `created`, and `files` {name: {bytes, sha256}}.
+  train_points, trained_on (passages when built or retrained)}, `store` {bm25,
+  compression}, `source` {corpus, format, files, bytes, sha256, and for a
+  folder `documents`: read, read_by_type, passages, skipped [{path, reason}]},
+  `produced_by`, `created`, and `files` {name: {bytes, sha256}}.
   The same layout and writer (`compact.write_manifest`) as `dgpo-edge index
   compact`, so `open_index` reads either.
 
@@ -71,7 +73,8 @@ from ..errors import InputError
 from .base import Encoder, EncoderSpec
 from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, file_digest, write_manifest
 from .corpus import DEFAULT_WORDS, _text_files, detect_format, iter_corpus, size_hint
-from .store import PassageStore
+from .documents import DocReport
+from .store import PassageStore, write_documents
 
 KINDS = ("flat", "ivfpq", "bm25", "hybrid")
 WORK_DIR = ".work"
@@ -117,7 +120,9 @@ def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder
     if out.exists() and not out.is_dir():
         raise InputError("the output path exists and is not a folder", out)
     if (out / MANIFEST_FILE).exists() and not overwrite:
-        raise InputError("an index already exists here (manifest.json); pass --overwrite to replace it", out)
+        hint = "; or `dgpo-edge index update` to bring it up to date" if fmt == "text" else ""
+        raise InputError(f"an index already exists here (manifest.json); pass --overwrite to replace it{hint}",
+                         out)
 
     encoder = None
     if kind != "bm25":
@@ -165,10 +170,12 @@ def _encoder(spec: str | Encoder, threads: int | None) -> Encoder:
 
 def corpus_fingerprint(corpus: str | Path, fmt: str | None = None,
                        progress: Progress | None = None) -> dict[str, Any]:
-    """sha256 over the names, sizes and bytes of the files `iter_corpus` reads, in its order.
+    """sha256 over the names, sizes and sha256s of the files `iter_corpus` reads, in its order.
 
     The files: the jsonl file, a FactbookQA folder's corpus.jsonl, or every
-    .txt/.md file of a notes folder (hidden ones skipped, as the reader does).
+    readable document of a folder (hidden ones skipped, as the reader does).
+    Hashing each file on its own lets `index update` recompute the digest from
+    the per-file digests it keeps, without rereading unchanged files.
     """
     corpus = Path(corpus)
     fmt = fmt or detect_format(corpus)
@@ -180,17 +187,26 @@ def corpus_fingerprint(corpus: str | Path, fmt: str | None = None,
         files = [(corpus.name, corpus)] if corpus.is_file() else _text_files(corpus)
     sizes = [f.stat().st_size for _, f in files]
     total, done = sum(sizes), 0
-    h = hashlib.sha256(f"{fmt}\0{DEFAULT_WORDS}\0".encode())
+    entries = []
     for (rel, path), size in zip(files, sizes):
-        h.update(rel.encode("utf-8", "surrogateescape") + b"\0" + struct.pack("<Q", size))
+        h = hashlib.sha256()
         with open(path, "rb") as f:
             while block := f.read(8 << 20):
                 h.update(block)
                 done += len(block)
                 if progress is not None:
                     progress("fingerprint", done, total)
-    return {"name": corpus.name, "format": fmt, "words": DEFAULT_WORDS, "files": len(files),
-            "bytes": total, "sha256": h.hexdigest()}
+        entries.append((rel, size, h.hexdigest()))
+    return source_fingerprint(corpus.name, fmt, entries)
+
+
+def source_fingerprint(name: str, fmt: str, entries: list[tuple[str, int, str]]) -> dict[str, Any]:
+    """The manifest's `source` digest from (relative path, size, sha256) per file, in path order."""
+    h = hashlib.sha256(f"{fmt}\0{DEFAULT_WORDS}\0".encode())
+    for rel, size, digest in entries:
+        h.update(rel.encode("utf-8", "surrogateescape") + b"\0" + struct.pack("<Q", size) + bytes.fromhex(digest))
+    return {"name": name, "format": fmt, "words": DEFAULT_WORDS, "files": len(entries),
+            "bytes": sum(size for _, size, _ in entries), "sha256": h.hexdigest()}
 
 
 def _open_state(work: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
@@ -269,8 +285,9 @@ def _ensure_store(corpus: Path, work: Path, state: dict[str, Any], bm25: bool, e
         emit("store", done, total)
 
     emit("store", 0, total)
+    report = DocReport()
     try:
-        store = PassageStore.build(path, iter_corpus(corpus), progress=step, fts=bm25)
+        store = PassageStore.build(path, iter_corpus(corpus, report=report), progress=step, fts=bm25)
     except InputError as e:
         # Bad input: nothing worth resuming. Leave no trace, and name the corpus if the store could not.
         shutil.rmtree(work, ignore_errors=True)
@@ -280,7 +297,12 @@ def _ensure_store(corpus: Path, work: Path, state: dict[str, Any], bm25: bool, e
         if e.path is None:
             raise InputError(e.message, corpus) from None
         raise
-    state["store"] = {"bm25": bm25, "count": len(store), "bytes": path.stat().st_size}
+    if state["corpus"]["format"] == "text":  # what each document gave, for the summary and `index update`
+        store.close()
+        write_documents(path, report.records)
+        store = PassageStore(path)
+    state["store"] = {"bm25": bm25, "count": len(store), "bytes": path.stat().st_size,
+                      "documents": report.summary() if state["corpus"]["format"] == "text" else None}
     _save_state(work, state)
     emit("store", len(store), len(store))
     return store
@@ -394,22 +416,28 @@ def _finish(out: Path, work: Path, state: dict[str, Any], kind: str, encoder: En
             compression: str) -> dict[str, Any]:
     files = [STORE_FILE] if plan is None else [STORE_FILE, INDEX_FILE]
     params = {"factory": None, "nlist": None, "nprobe": None, "pq": None, "pq_bits": None, "opq": False,
-              "chunk": None, "train_points": None}
+              "chunk": None, "train_points": None, "trained_on": None}
     producer = f"dgpo-edge {__version__}"
     if plan is not None:
         import faiss
 
         params.update(factory=plan.factory, nlist=plan.nlist, nprobe=plan.nprobe, pq=plan.pq,
-                      pq_bits=plan.pq_bits, opq=plan.opq, chunk=chunk, train_points=plan.train_points)
+                      pq_bits=plan.pq_bits, opq=plan.opq, chunk=chunk, train_points=plan.train_points,
+                      trained_on=count)
         producer += f", faiss {faiss.__version__}"
     fp = state["corpus"]
     manifest = write_manifest(
         work, files=files, kind=kind, encoder=None if encoder is None else encoder.spec.to_dict(),
         count=count, dim=dim, metric=None if plan is None else "ip", params=params,
         store={"bm25": bm25, "compression": compression},
-        source={"corpus": fp.get("name"), "format": fp["format"], "files": fp["files"],
-                "bytes": fp["bytes"], "sha256": fp["sha256"]},
+        source=source_entry(fp, state["store"].get("documents")),
         produced_by=producer, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    install_files(work, out, files)
+    return manifest
+
+
+def install_files(work: Path, out: Path, files: list[str]) -> None:
+    """Rename `files` and the manifest from `work` into `out`, the manifest last."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(out / MANIFEST_FILE)  # from here on, no manifest describes a half-swapped folder
     for name in BUILD_FILES:
@@ -419,7 +447,15 @@ def _finish(out: Path, work: Path, state: dict[str, Any], kind: str, encoder: En
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(out / name)  # e.g. vectors.faiss of a dense index replaced by a bm25 one
     os.replace(work / MANIFEST_FILE, out / MANIFEST_FILE)
-    return manifest
+
+
+def source_entry(fp: dict[str, Any], documents: dict[str, Any] | None) -> dict[str, Any]:
+    """The manifest's `source`: the corpus digest, plus for a folder what each document gave."""
+    source = {"corpus": fp.get("name"), "format": fp["format"], "files": fp["files"], "bytes": fp["bytes"],
+              "sha256": fp["sha256"]}
+    if documents is not None:
+        source["documents"] = documents
+    return source
 
 
 # --- reading manifests back -----------------------------------------------------------------------------

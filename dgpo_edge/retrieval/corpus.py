@@ -3,8 +3,8 @@
 Three inputs are understood (DESIGN §3):
 
 - a Search-R1/FlashRAG jsonl file, one `{"id", "contents": "\\"Title\\"\\ntext"}` per line;
-- a folder of .txt/.md notes, cut into ~100-word passages titled by file name
-  and nearest markdown heading;
+- a folder of documents (.txt, .md, .pdf, .html), cut into ~100-word passages
+  titled by file name and nearest heading (or PDF page), see `documents`;
 - a FactbookQA directory (corpus.jsonl + stats.json), i.e. its corpus.jsonl.
 
 Readers never hold the corpus in memory (wiki-18 is 21M passages, 14 GB): jsonl
@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import InputError
 from ..jsonio import read_jsonl
 from ..protocol import Passage
+from .documents import (READABLE_SUFFIXES, DocRecord, DocReport, Section, Skip, html_sections, pdf_sections,
+                        record_for, unsupported_reason)
 
 TEXT_SUFFIXES = (".txt", ".md")
 FACTBOOK_FILES = ("corpus.jsonl", "stats.json")
@@ -46,25 +48,27 @@ def detect_format(path: str | Path) -> str:
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
             return "jsonl"
-        if suffix in TEXT_SUFFIXES:
+        if suffix in READABLE_SUFFIXES:
             return "text"
-        raise InputError("unknown corpus format: expected a .jsonl file, a folder of .txt/.md "
-                         "files, or a FactbookQA folder (corpus.jsonl + stats.json)", path)
+        raise InputError("unknown corpus format: expected a .jsonl file, a document (.txt/.md/.pdf/.html), "
+                         "a folder of them, or a FactbookQA folder (corpus.jsonl + stats.json)", path)
     raise InputError("no such file or folder", path)
 
 
-def iter_corpus(path: str | Path, words: int = DEFAULT_WORDS) -> Iterator[Passage]:
+def iter_corpus(path: str | Path, words: int = DEFAULT_WORDS,
+                report: DocReport | None = None) -> Iterator[Passage]:
     """Passages of any supported corpus, in a deterministic order.
 
-    `words` is the target passage length for .txt/.md input (jsonl passages are
+    `words` is the target passage length for documents (jsonl passages are
     taken as they are: their ids and rows must match published indexes).
+    `report` collects, for a folder of documents, what each file gave.
     """
     fmt = detect_format(path)
     if fmt == "jsonl":
         return iter_jsonl_corpus(path)
     if fmt == "factbook":
         return iter_factbook(path)
-    return iter_text_corpus(path, words=words)
+    return iter_text_corpus(path, words=words, report=report)
 
 
 def count_lines(path: str | Path, block: int = 1 << 20) -> int:
@@ -182,46 +186,87 @@ class SeenIds:
         return True
 
 
-# --- folders of .txt / .md notes ------------------------------------------------------
+# --- folders of documents -----------------------------------------------------------
 
-def iter_text_corpus(path: str | Path, words: int = DEFAULT_WORDS) -> Iterator[Passage]:
-    """~`words`-word passages of every .txt/.md file under `path` (or of one file).
+def iter_text_corpus(path: str | Path, words: int = DEFAULT_WORDS,
+                     report: DocReport | None = None) -> Iterator[Passage]:
+    """~`words`-word passages of every document under `path` (or of one file).
 
     Files are visited in sorted relative-path order and hidden files and folders
     (.git, .obsidian, …) are skipped, so the same folder always gives the same
     rows. Ids are `relative/path.md#k` with k counting from 0 within the file.
+    `report` gets a `DocRecord` per file: read, or skipped with the reason.
     """
     root = Path(path)
     if not root.exists():
         raise InputError("no such file or folder", root)
-    files = [(root.name, root)] if root.is_file() else _text_files(root)
+    report = report if report is not None else DocReport()
+    skipped: list[tuple[str, Path]] = []
+    files = [(root.name, root)] if root.is_file() else _text_files(root, skipped)
     n = 0
-    for rel, file in files:
-        for k, (title, text) in enumerate(chunk_document(read_text_file(file), file.name, words)):
-            n += 1
-            yield Passage(f"{rel}#{k}", f'"{title}"\n{text}')
+    for rel, file in sorted(files + skipped):  # the report lists both, in path order
+        record, passages = read_document(rel, file, words)
+        report.records.append(record)
+        n += len(passages)
+        yield from passages
     if n == 0:
-        raise InputError("empty corpus: no text in any .txt or .md file", root)
+        raise InputError("empty corpus: no text in any .txt, .md, .pdf or .html file", root)
 
 
-def _text_files(root: Path) -> list[tuple[str, Path]]:
-    """(relative posix path, path) of the .txt/.md files under `root`, sorted.
+def read_document(rel: str, file: Path, words: int = DEFAULT_WORDS) -> tuple[DocRecord, list[Passage]]:
+    """One file's record and passages (ids `rel#k`); a file we cannot read gets a reason and none."""
+    if not file.name.lower().endswith(READABLE_SUFFIXES):
+        record = record_for(rel, file, None)
+        record.reason = unsupported_reason(file.name)
+        return record, []
+    data = file.read_bytes()
+    record = record_for(rel, file, data)
+    try:
+        chunks = list(chunk_sections(document_sections(file, data), file_title(file.name), words))
+    except Skip as s:
+        record.reason = s.reason
+        return record, []
+    if not chunks:
+        record.reason = "no text"
+    record.passages = len(chunks)
+    return record, [Passage(f"{rel}#{k}", f'"{title}"\n{text}') for k, (title, text) in enumerate(chunks)]
+
+
+def document_sections(file: Path, data: bytes) -> list[Section]:
+    """(heading, paragraphs) of a document, by type; Skip when it has no readable text."""
+    suffix = file.suffix.lower()
+    if suffix == ".pdf":
+        return pdf_sections(data)
+    if suffix in (".html", ".htm"):
+        return html_sections(data)
+    return list(_sections(decode_text(data, file), suffix == ".md"))
+
+
+def _text_files(root: Path, skipped: list[tuple[str, Path]] | None = None) -> list[tuple[str, Path]]:
+    """(relative posix path, path) of the readable documents under `root`, sorted.
 
     os.walk without following symlinks: a link back up the tree cannot loop.
+    Other (non-hidden) files go to `skipped`, for the build's summary.
     """
     found = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in names:
-            if not name.startswith(".") and name.lower().endswith(TEXT_SUFFIXES):
+            if not name.startswith("."):
                 file = Path(folder) / name
-                found.append((file.relative_to(root).as_posix(), file))
+                readable = name.lower().endswith(READABLE_SUFFIXES)
+                if readable or skipped is not None:
+                    (found if readable else skipped).append((file.relative_to(root).as_posix(), file))
     return sorted(found)
 
 
 def read_text_file(path: Path) -> str:
     """The file's text; non-UTF-8 bytes raise InputError naming file and line."""
-    data = path.read_bytes()
+    return decode_text(path.read_bytes(), path)
+
+
+def decode_text(data: bytes, path: Path) -> str:
+    """UTF-8 text (a BOM dropped); other bytes raise InputError naming file and line."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -238,9 +283,14 @@ def chunk_document(text: str, filename: str, words: int = DEFAULT_WORDS) -> Iter
     passages of at most `words` words; a longer paragraph is cut at sentence
     ends, and a sentence longer than `words` at word boundaries.
     """
-    base = file_title(filename)
     markdown = filename.lower().endswith(".md")
-    for heading, paragraphs in _sections(text, markdown):
+    return chunk_sections(_sections(text, markdown), file_title(filename), words)
+
+
+def chunk_sections(sections: Iterable[Section], base: str,
+                   words: int = DEFAULT_WORDS) -> Iterator[tuple[str, str]]:
+    """(title, text) passages of (heading, paragraphs) sections; titles `base — heading`."""
+    for heading, paragraphs in sections:
         title = f"{base} — {heading}" if heading else base
         for chunk in _pack(_units(paragraphs, words), words):
             yield title, chunk

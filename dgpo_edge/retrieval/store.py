@@ -48,6 +48,7 @@ from .. import __version__
 from ..errors import InputError
 from ..jsonio import make_readable, require_file
 from ..protocol import Passage
+from .documents import DocRecord
 
 FORMAT = "dgpo-edge/passage-store/2"
 _FTS_TOKENIZER = "unicode61 remove_diacritics 2"
@@ -194,9 +195,22 @@ class PassageStore:
         return out
 
     def iter_passages(self, batch: int = 2000) -> Iterator[Passage]:
-        """Every passage in row order, `batch` rows per query (for re-encoding)."""
-        for start in range(0, self._count, batch):
-            yield from self.get_rows(range(start, min(start + batch, self._count)))
+        """Every passage in row order, `batch` rows per query (for re-encoding).
+
+        Rows are read by key, not counted: an updated index (`index update`)
+        has gaps where removed passages were.
+        """
+        after = -1
+        while found := self._query("SELECT row, id, body FROM passages WHERE row > ? ORDER BY row LIMIT ?",
+                                   (after, batch)):
+            yield from (self._passage(r) for r in found)
+            after = found[-1][0]
+
+    def documents(self) -> list[DocRecord]:
+        """What each file of a documents folder gave (empty for jsonl corpora and older stores)."""
+        if not self._query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'documents'"):
+            return []
+        return [DocRecord(*r) for r in self._query(f"SELECT {_DOC_COLUMNS} FROM documents ORDER BY path")]
 
     def bm25(self, query: str, k: int = 3, title_weight: float = 1.0) -> list[Passage]:
         """Top-k passages for any of the query's words, best first.
@@ -354,20 +368,27 @@ def _insert_all(db: sqlite3.Connection, codec: _Codec, passages: Iterator[Passag
     """Insert every passage in `batch`-sized executemany calls; returns the count."""
     row = 0
     while chunk := list(islice(passages, batch)):
-        records = [(row + i, _stored_id(row + i, p.id), codec.compress(p.contents))
-                   for i, p in enumerate(chunk)]
-        try:
-            db.executemany("INSERT INTO passages VALUES (?, ?, ?)", records)
-        except sqlite3.IntegrityError:
-            raise _duplicate_error(db, records) from None
-        if fts:
-            db.executemany("INSERT INTO passages_fts(rowid, body, title) VALUES (?, ?, ?)",
-                           [(r, p.text, p.title) for (r, *_), p in zip(records, chunk)])
+        _insert_rows(db, codec, row, chunk, fts)
         row += len(chunk)
         if progress is not None:
             progress(len(chunk))
     _check_implicit_ids(db, row)
     return row
+
+
+def _insert_rows(db: sqlite3.Connection, codec: _Codec, start: int, passages: Sequence[Passage],
+                 fts: bool) -> list[int]:
+    """Store `passages` at rows start, start + 1, ... (and in BM25); return the rows."""
+    records = [(start + i, _stored_id(start + i, p.id), codec.compress(p.contents))
+               for i, p in enumerate(passages)]
+    try:
+        db.executemany("INSERT INTO passages VALUES (?, ?, ?)", records)
+    except sqlite3.IntegrityError:
+        raise _duplicate_error(db, records) from None
+    if fts:
+        db.executemany("INSERT INTO passages_fts(rowid, body, title) VALUES (?, ?, ?)",
+                       [(r, p.text, p.title) for (r, *_), p in zip(records, passages)])
+    return [r for r, *_ in records]
 
 
 def _stored_id(row: int, pid: object) -> str | None:
@@ -415,6 +436,78 @@ def _write_meta(db: sqlite3.Connection, level: int, dictionary: bytes | None, co
     if dictionary is not None:
         meta["dictionary"] = dictionary
     db.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
+
+
+# --- documents and in-place edits (index update) --------------------------------------------------
+
+_DOC_COLUMNS = "path, size, mtime_ns, sha256, passages, reason"
+
+
+def write_documents(path: str | Path, records: Iterable[DocRecord]) -> None:
+    """Record (replacing any earlier records) what each source file gave, in the store at `path`."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("BEGIN")
+        _replace_documents(db, records)
+        db.execute("COMMIT")
+    finally:
+        db.close()
+
+
+def _replace_documents(db: sqlite3.Connection, records: Iterable[DocRecord]) -> None:
+    db.execute("CREATE TABLE IF NOT EXISTS documents (path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, "
+               "sha256 TEXT, passages INTEGER, reason TEXT)")
+    db.execute("DELETE FROM documents")
+    db.executemany(f"INSERT INTO documents ({_DOC_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                   [r.as_row() for r in records])
+
+
+def edit_store(path: str | Path, drop_ids: Sequence[str], add: Sequence[Passage],
+               records: Iterable[DocRecord]) -> tuple[list[int], list[int]]:
+    """Remove the passages `drop_ids` and append `add` at new rows, in place; return (dropped, added) rows.
+
+    For `index update`, on a work copy of a store (the caller renames it into
+    place). New rows continue after the largest row, so the rows, and with
+    them the FAISS ids, of every other passage stay as they were. New text is
+    compressed with the store's own dictionary; BM25 entries of removed rows
+    are deleted with their original text, as a contentless FTS5 table requires.
+    """
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        meta = dict(db.execute("SELECT key, value FROM meta"))
+        codec, fts = _Codec(int(meta["level"]), meta.get("dictionary")), meta.get("fts") == "1"
+        db.execute("BEGIN")
+        dropped = _drop_ids(db, codec, list(drop_ids), fts)
+        start = db.execute("SELECT coalesce(max(row) + 1, 0) FROM passages").fetchone()[0]
+        added = _insert_rows(db, codec, start, add, fts)
+        count = db.execute("SELECT count(*) FROM passages").fetchone()[0]
+        if count == 0:
+            raise InputError("empty corpus: the update would leave no passages")
+        db.execute("UPDATE meta SET value = ? WHERE key = 'count'", (str(count),))
+        _replace_documents(db, records)
+        db.execute("COMMIT")
+        if fts:
+            db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('optimize')")
+        db.executescript("PRAGMA incremental_vacuum;")
+    finally:
+        db.close()
+    return dropped, added
+
+
+def _drop_ids(db: sqlite3.Connection, codec: _Codec, ids: list[str], fts: bool) -> list[int]:
+    """Delete the passages with these ids (and their BM25 entries); their rows, ascending."""
+    rows = []
+    for start in range(0, len(ids), _IN_BATCH):
+        part = ids[start:start + _IN_BATCH]
+        found = db.execute(f"SELECT row, id, body FROM passages WHERE id IN ({','.join('?' * len(part))})",
+                           part).fetchall()
+        if fts:
+            texts = [(r, Passage(pid, codec.decompress(body))) for r, pid, body in found]
+            db.executemany("INSERT INTO passages_fts(passages_fts, rowid, body, title) "
+                           "VALUES ('delete', ?, ?, ?)", [(r, p.text, p.title) for r, p in texts])
+        db.executemany("DELETE FROM passages WHERE row = ?", [(r,) for r, *_ in found])
+        rows.extend(r for r, *_ in found)
+    return sorted(rows)
 
 
 # --- integrity ------------------------------------------------------------------------------

