@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
-from ..retrieval.server import ClientError, Limits, _decode_json, _host_is_local, parse_retrieve_body, result_json
+from ..retrieval.http_checks import host_problem, json_type_problem, origin_problem
+from ..retrieval.server import ClientError, Limits, _decode_json, parse_retrieve_body, result_json
 from .openai_format import (ChatRequest, Trace, chunk_json, completion_json, error_json, extra_json,
                             parse_chat_request, sse, usage_json)
 from .pool import AgentPool, Busy
@@ -85,12 +86,15 @@ def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | Non
 
 
 def _guarded(handler: Callable) -> Callable:
-    """Host check first; ClientError → its 4xx, Busy → 503, anything else → one log line and 500."""
+    """Host and Origin checks first (the retrieval server's rules, retrieval/http_checks.py);
+    ClientError → its 4xx, Busy → 503, anything else → one log line and 500."""
 
     async def wrapper(self: _Api, request: Any) -> Any:
         try:
-            if self.local_only and not _host_is_local(request.headers.get("host", "")):
-                raise ClientError(403, "this server only answers requests addressed to localhost")
+            problem = (host_problem(request.headers.get("host", ""), self.local_only)
+                       or origin_problem(request.headers.get("origin")))
+            if problem:
+                raise ClientError(*problem)
             return await handler(self, request)
         except ClientError as e:
             return _json(error_json(e.status, e.message), e.status, e.headers)
@@ -140,9 +144,9 @@ class _Api:
 
     async def _body(self, request: Any) -> bytes:
         """The raw body: JSON content type, bounded size, read within the body timeout."""
-        ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if ctype != "application/json":
-            raise ClientError(415, "send the body as Content-Type: application/json")
+        problem = json_type_problem(request.headers.get("content-type"))
+        if problem:
+            raise ClientError(*problem)
         limit = self.limits.max_body_bytes
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):

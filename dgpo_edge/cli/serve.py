@@ -38,7 +38,7 @@ def serve(
     """
     from ..agent.http_app import ServeLimits, listen, make_app, make_server
     from ..agent.pool import AgentPool
-    from ..retrieval.server import _is_loopback
+    from ..retrieval.http_checks import is_loopback
 
     if timeout <= 0:
         raise InputError(f"--timeout must be > 0, got {timeout}")
@@ -47,7 +47,7 @@ def serve(
         import uvicorn  # noqa: F401
     except ImportError:
         raise InputError("serve needs starlette and uvicorn: pip install 'dgpo-edge[serve]'") from None
-    local = host == "localhost" or _is_loopback(host)
+    local = host == "localhost" or is_loopback(host)
     sock = listen(host, port)
     try:
         pool = AgentPool.load(engines, queue, bundle=bundle, model=model, index=index, threads=threads,
