@@ -197,6 +197,9 @@ def test_a_full_queue_answers_503_and_the_retrieve_route_works(live):
     ("GET", "/v1/chat/completions", b"", {}, 405, "Method Not Allowed"),
     ("GET", "/nope", b"", {}, 404, "Not Found"),
     ("GET", "/v1/models", b"", {"Host": "evil.example:8080"}, 403, "localhost"),
+    ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}',
+     {"Content-Type": "application/json", "Origin": "https://evil.example"}, 403, "web pages"),
+    ("POST", "/v1/chat/completions", b"{}", {}, 415, "no Content-Type"),
 ])
 def test_bad_requests_get_json_errors_never_tracebacks(live, method, path, body, headers, status, needle):
     server, _ = live
