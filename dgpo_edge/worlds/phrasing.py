@@ -46,7 +46,7 @@ class Phraser:
 
 def typo(text: str, rng: random.Random, protect: tuple[str, ...] = ()) -> str:
     """Swap two neighbouring letters inside one word of 5+ letters outside `protect`."""
-    guarded = [(m.start(), m.end()) for p in protect if p for m in re.finditer(re.escape(p), text)]
+    guarded = [(m.start(), m.end()) for p in protect if p for m in re.finditer(re.escape(p), text, re.IGNORECASE)]
     words = [m for m in _WORD.finditer(text)
              if not any(s < m.end() and m.start() < e for s, e in guarded)]
     if not words:

