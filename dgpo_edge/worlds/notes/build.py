@@ -21,7 +21,7 @@ from .people import generate as generate_workplace
 from .questions import Asker, generate
 from .render import notes as render_notes
 
-SPEC = WorldSpec(kind="notes", source="generated (no package)", prefix="notes")
+SPEC = WorldSpec(kind="notes", source="generated", prefix="notes")  # from the seed alone
 DEFAULT_PEOPLE = 100
 
 
