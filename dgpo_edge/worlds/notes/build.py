@@ -14,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ... import jsonio
+from ...errors import InputError
 from ..base import WorldPassage
 from ..phrasing import Phraser
 from ..pipeline import WorldSpec, assign_splits, build_world, check_holdout
-from .people import generate as generate_workplace
+from .people import FIRST, MIN_PEOPLE, generate as generate_workplace
 from .questions import Asker, generate
 from .render import notes as render_notes
 
@@ -27,8 +28,10 @@ DEFAULT_PEOPLE = 100
 
 def build_notes(out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
                 as_folder: bool = False, say: Callable[[str], None] = lambda msg: None) -> dict:
-    """Build the notes world into `out` (`size`: how many people, 6 to 120; default 100)."""
+    """Build the notes world into `out` (`size`: how many people, 6 to 118; default 100)."""
     check_holdout(holdout)
+    if size is not None and not MIN_PEOPLE <= size <= len(FIRST):
+        raise InputError(f"--size for notes counts people: {MIN_PEOPLE} to {len(FIRST)}, got {size}")
     say("generating the workplace")
     w = generate_workplace(seed, size or DEFAULT_PEOPLE)
     notes = render_notes(w)

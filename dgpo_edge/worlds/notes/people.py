@@ -63,6 +63,9 @@ ROUTERS = ("Fritz!Box 7590", "TP-Link Archer AX55", "Ubiquiti Dream Router", "Ne
 WIFI = ("maple-house", "cabin-net", "studio-5G", "oma-wlan", "lab-guest", "otter-den", "blue-attic")
 
 
+MIN_PEOPLE = 6  # enough for two teams, a few projects and a trip
+
+
 @dataclass
 class Person:
     key: str
@@ -151,7 +154,7 @@ def _slug(text: str) -> str:
 def generate(seed: int, n_people: int = 100) -> Workplace:
     """A workplace of `n_people` people (at most len(FIRST)), the same for a seed."""
     rng = random.Random(f"notes-world-{seed}")
-    n_people = max(6, min(n_people, len(FIRST)))
+    n_people = max(MIN_PEOPLE, min(n_people, len(FIRST)))
     people = {}
     for first, last in zip(rng.sample(FIRST, n_people), rng.choices(LAST, k=n_people)):
         key = _slug(first)
