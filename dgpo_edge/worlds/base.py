@@ -50,18 +50,13 @@ class Question:
     hops: int
     type: str                  # e.g. fact | bridge | comparison (world-specific names)
     relation: str              # the attribute asked for, e.g. "currency"
-    entities: tuple[str, ...]  # the entities involved (split hold-out uses these)
+    entities: tuple[str, ...]  # the entities involved (split hold-out uses these; FactbookQA: countries)
     evidence: list[str]        # passage ids, hop order
     steps: list[Step]
     final_think: str
     bridge: str | None = None
     id: str = ""
     meta: dict = field(default_factory=dict)  # extra row fields a world adds (e.g. note paths)
-
-    @property
-    def countries(self) -> tuple[str, ...]:
-        """FactbookQA's name for `entities`."""
-        return self.entities
 
 
 

@@ -78,23 +78,25 @@ def element_passages(e: dict, first_id: int) -> tuple[list[WorldPassage], dict[s
     """The element's passages and relation -> passage id of the passage stating it."""
     name, out, where = e["name"], [], {}
 
-    def section(title: str, sentences: list[str], rels: tuple[str, ...]) -> None:
+    def section(title: str, sentences: list[str], rels: dict[str, str]) -> None:
+        """Pack one section; each relation's evidence is the passage holding its marker text."""
         ps = pack(f"{name} — {title}", sentences, first_id + len(out))
-        for rel in rels:
-            where[rel] = ps[0].id if ps else ""
+        for rel, marker in rels.items():
+            where[rel] = next((p.id for p in ps if marker in p.text), "")
         out.extend(ps)
 
-    section("Properties", _properties(e), ("symbol", "atomic_number", "series", "density"))
+    section("Properties", _properties(e), {"symbol": "symbol", "atomic_number": "atomic number",
+                                           "series": "Series:", "density": "Density:"})
     discovery = [f"Discovered by {_people(e['discoverers'])}" + (f" in {e['discovery_year']}" if e["discovery_year"] else "")
                  + (f", in {_places(e['discovery_location'])}" if e["discovery_location"] else "") + "."]
     if e["name_origin"]:
         discovery.append(f"Name origin: {e['name_origin'].strip().rstrip('.')}.")
-    section("Discovery", discovery, ("discoverer", "year", "place"))
-    section("Overview", _sentences(e["description"]), ())
+    section("Discovery", discovery, {"discoverer": "Discovered by", "year": "Discovered by", "place": "Discovered by"})
+    section("Overview", _sentences(e["description"]), {})
     uses = _sentences(e["uses"]) + _sentences(e["sources"])
     if e["top_3_producers"]:
         uses.append(f"Top producers, largest first: {', '.join(_ranked(e['top_3_producers']))}.")
-    section("Uses and sources", uses, ("producer",) if e["top_3_producers"] else ())
+    section("Uses and sources", uses, {"producer": "Top producers"})
     return out, where
 
 
