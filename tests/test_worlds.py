@@ -290,3 +290,21 @@ def test_typo_swaps_two_letters_outside_protected_names():
         assert "Priya" in out and "Lisbon" in out and len(out) == 42
         assert sorted(out) == sorted("Which hotel is Priya staying at in Lisbon?")
     assert typo("Peru", rng, protect=("Peru",)) == "Peru"
+
+
+@pytest.mark.parametrize("world, module, content", [
+    ("elements", "dgpo_edge.worlds.elements", b"not a database"),
+    ("cities", "dgpo_edge.worlds.cities", b"{not json"),
+    ("dictionary", "dgpo_edge.worlds.dictionary", b"\xff\xfe"),
+])
+def test_a_broken_data_file_is_one_error_line(tmp_path, monkeypatch, world, module, content):
+    """A damaged package file: `error:` naming it, exit 2, nothing written."""
+    import importlib
+
+    bad = tmp_path / "pkg" / "words_A.json"
+    bad.parent.mkdir()
+    bad.write_bytes(content)
+    monkeypatch.setattr(importlib.import_module(module), "package_file", lambda *a: bad)
+    out = tmp_path / "out"
+    assert_one_line_error(invoke("data", "build", world, "--out", out, "--size", 5), str(bad))
+    assert not out.exists()

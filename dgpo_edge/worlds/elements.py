@@ -16,6 +16,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import InputError
 from .base import Question, WorldPassage, pack
 from .facts import Fact, Relation, bridge_question, comparison_question, fact_question
 from .phrasing import Phraser
@@ -64,11 +65,13 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 def load_elements() -> list[dict]:
     """Rows of elements.db's `elements` table with the series name, by atomic number."""
     path = package_file("mendeleev", MENDELEEV_VERSION, "mendeleev/elements.db")
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)  # read-only: site-packages may be shared
     db.row_factory = sqlite3.Row
     try:
         rows = db.execute("SELECT e.*, s.name AS series FROM elements e "
                           "LEFT JOIN series s ON s.id = e.series_id ORDER BY e.atomic_number").fetchall()
+    except sqlite3.DatabaseError as e:
+        raise InputError(f"unreadable elements database ({e})", path) from None
     finally:
         db.close()
     return [{k: r[k] for k in r.keys()} for r in rows]
