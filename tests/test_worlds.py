@@ -209,7 +209,7 @@ def test_notes_folder_indexed_and_searched(tmp_path):
     assert person.startswith("# ") and "[[" in person  # a heading, then lines linking other notes
 
     index = tmp_path / "index"
-    result = invoke("index", "build", notes, "--out", index, "--kind", "bm25")
+    result = invoke("index", "build", notes, "--out", index)  # the laptop's defaults: MiniLM-int8 vectors
     assert result.exit_code == 0, result.output
     rows = {r["id"]: r for s in SPLITS for r in _jsonl(out / f"{s}.jsonl")}
     chains = [o for o in _jsonl(out / "oracle.jsonl") if rows[o["id"]]["hops"] >= 2][:8]

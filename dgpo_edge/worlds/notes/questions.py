@@ -32,6 +32,9 @@ FACT = {  # relation -> (templates with {x}, label)
     "hotel": (("Which hotel is booked for {x}?", "{x} hotel", "hotel for {x}"), "hotel"),
     "flight": (("What's the flight for {x}?", "{x} flight number", "flight number for {x}"), "flight"),
     "code": (("What's the booking code for {x}?", "{x} booking code", "booking reference {x}"), "booking code"),
+    "trip_date": (("When does {x} start?", "{x} date", "start date of {x}"), "start date"),
+    "attendee": (("Who was at the {x} kickoff?", "{x} kickoff attendees", "name someone who attended the {x} kickoff"),
+                 "attendees"),
     "ssid": (("What's the wifi name at {x}?", "{x} ssid", "wifi network at {x}"), "Wi-Fi name"),
     "nas": (("What's the IP of the NAS at {x}?", "nas ip {x}", "NAS address at {x}"), "NAS address"),
 }
@@ -47,6 +50,10 @@ CHAIN = {  # relation -> templates with {x}
                          "deadline of the project owned by {x}"),
     "project_kickoff_building": ("Which building is the kickoff of {x}'s project in?",
                                  "building for {x}'s project kickoff"),
+    "owner_ext": ("What's the extension of whoever owns Project {x}?", "{x} owner phone extension",
+                  "how do I call the owner of {x}"),
+    "owner_trip_hotel": ("Which hotel is the owner of Project {x} staying at on their trip?",
+                         "{x} owner trip hotel", "where does the person who owns {x} stay when travelling"),
 }
 
 
@@ -126,7 +133,25 @@ def project_questions(a: Asker, key: str) -> list[Question]:
             a.ask("owner_city", pr.name, [owner.city], [plan, s2], ents + (f"person:{owner.key}",),
                   f"{owner.name} works from {owner.city}.", bridge=owner.name),
             a.ask("kickoff_floor", pr.name, [f"floor {room.floor}", str(room.floor)], [kick, s3],
-                  ents + (f"room:{room.key}",), f"{room.name} is on floor {room.floor}.", bridge=room.name)]
+                  ents + (f"room:{room.key}",), f"{room.name} is on floor {room.floor}.", bridge=room.name),
+            a.ask("attendee", pr.name, [w.people[k].name for k in pr.attendees], [kick], ents,
+                  f"The attendees were {', '.join(w.people[k].name for k in pr.attendees)}."),
+            a.ask("owner_ext", pr.name, [owner.ext], [plan, s2], ents + (f"person:{owner.key}",),
+                  f"{owner.name}'s extension is {owner.ext}.", bridge=owner.name)] + owner_trip(a, key, plan)
+
+
+def owner_trip(a: Asker, key: str, plan: Step) -> list[Question]:
+    """The hotel of the project owner's trip: the project note names the owner, the trip note is theirs."""
+    pr, w = a.w.projects[key], a.w
+    owner = w.people[pr.owner]
+    trips = [t for t in w.trips.values() if t.person == owner.key]
+    if not trips:
+        return []
+    t = trips[0]
+    s2 = a.hop("trip", t.key, f"Project {pr.name} is owned by {owner.name}. Now I need {owner.first}'s trip note.",
+               f"{owner.first} trip", f"{owner.first}'s trip to")
+    return [a.ask("owner_trip_hotel", pr.name, [t.hotel], [plan, s2], (f"project:{key}", f"trip:{t.key}"),
+                  f"{owner.first} stays at {t.hotel} in {t.city}.", bridge=owner.name)]
 
 
 def place_questions(a: Asker) -> list[Question]:
@@ -146,7 +171,7 @@ def place_questions(a: Asker) -> list[Question]:
         x = a.ph.pick((f"{p.first}'s trip to {t.city}", f"{p.first}'s {t.city} trip"))
         s = a.hop("trip", key, f"I need {p.first}'s trip note.", f"{p.first} trip {t.city}", f"{p.first}'s trip to {t.city}")
         out += [a.ask(rel, x, [v], [s], (f"trip:{key}",), f"The note says {v}.")
-                for rel, v in (("hotel", t.hotel), ("flight", t.flight), ("code", t.code))]
+                for rel, v in (("hotel", t.hotel), ("flight", t.flight), ("code", t.code), ("trip_date", day(t.start)))]
     for key, n in w.networks.items():
         s = a.hop("network", key, f"I need the network note for {n.place}.", f"network {n.place}", f"Network at {n.place}")
         out += [a.ask("ssid", n.place, [n.ssid], [s], (f"network:{key}",), f"The Wi-Fi is {n.ssid}."),
