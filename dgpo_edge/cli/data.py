@@ -38,18 +38,17 @@ def factbook(
     console.print(f"wrote {out}/: corpus.jsonl train.jsonl dev.jsonl test.jsonl oracle.jsonl stats.json manifest.json")
 
 
-def _print_stats(stats: dict) -> None:
-    table = Table(title=f"FactbookQA (seed {stats['seed']}, {stats['passages']:,} passages)")
-    table.add_column("split")
-    table.add_column("countries", justify="right")
-    table.add_column("questions", justify="right")
-    table.add_column("1-hop", justify="right")
-    table.add_column("2-hop", justify="right")
-    table.add_column("by type")
-    for name, s in stats["splits"].items():
+def _print_stats(stats: dict, title: str = "FactbookQA") -> None:
+    splits = stats["splits"]
+    label = next((k for k in next(iter(splits.values())) if k not in
+                  ("questions", "by_hops", "by_type", "by_relation")), "entities")
+    hops = sorted({h for s in splits.values() for h in s["by_hops"]})
+    table = Table(title=f"{title} (seed {stats['seed']}, {stats['passages']:,} passages)")
+    for name in ("split", label, "questions", *(f"{h}-hop" for h in hops), "by type"):
+        table.add_column(name, justify="left" if name in ("split", "by type") else "right")
+    for name, s in splits.items():
         types = ", ".join(f"{k} {v}" for k, v in s["by_type"].items())
-        table.add_row(name, str(s["countries"]), str(s["questions"]), str(s["by_hops"].get("1", 0)),
-                      str(s["by_hops"].get("2", 0)), types)
+        table.add_row(name, str(s[label]), str(s["questions"]), *(str(s["by_hops"].get(h, 0)) for h in hops), types)
     console.print(table)
     dropped = ", ".join(f"{k} {v}" for k, v in stats["dropped"].items()) or "none"
     console.print(f"multi-hop share {stats['multi_hop_share']:.1%}; oracle trajectories "
@@ -88,6 +87,49 @@ def _snippet(text: str, answers: list[str], width: int = 200) -> str:
     end = min(len(text), at + len(answer) + width // 2)
     return ("…" if start else "") + escape(text[start:at]) + f"[bold yellow]{escape(text[at:at + len(answer)])}[/]" \
         + escape(text[at + len(answer):end]) + ("…" if end < len(text) else "")
+
+
+@app.command("build")
+@user_errors
+def build(
+    world: str = typer.Argument(..., help="World name; `dgpo-edge data worlds` lists them."),
+    out: Path = typer.Option(..., "--out", help="Directory to write corpus, splits, oracle and stats into."),
+    seed: int = typer.Option(0, help="Seed for sampling, phrasing and splits (same seed, same files)."),
+    holdout: float = typer.Option(0.15, min=0.01, max=0.49, help="Share of entities held out for dev, and again for test."),
+    size: int = typer.Option(None, help="Build a smaller world: how many elements, cities, headwords or people "
+                                        "(worlds that have a size; see `data worlds`)."),
+    as_folder: bool = typer.Option(False, "--as-folder", help="notes: also write the notes as Markdown files "
+                                                               "under OUT/notes/ (for `index build OUT/notes`)."),
+    samples: int = typer.Option(3, help="Sample dev questions to print with their gold passages (0: none)."),
+) -> None:
+    """Build a benchmark world: the same files as FactbookQA, from its pinned package.
+
+    Writes corpus.jsonl, train/dev/test.jsonl (FlashRAG form plus hops, type,
+    bridge, entities, evidence), oracle.jsonl, stats.json and manifest.json.
+    """
+    from ..worlds.registry import build as build_world, get
+
+    get(world)  # an unknown name fails before anything is written
+    with console.status(f"building {world}") as status:
+        stats = build_world(world, out, seed=seed, holdout=holdout, size=size, as_folder=as_folder,
+                            say=lambda m: status.update(m))
+    _print_stats(stats, title=world)
+    if samples:
+        _print_samples(out, samples)
+    extra = " notes/" if as_folder else ""
+    console.print(f"wrote {out}/: corpus.jsonl train.jsonl dev.jsonl test.jsonl oracle.jsonl stats.json "
+                  f"manifest.json{extra}")
+
+
+@app.command("worlds")
+def worlds() -> None:
+    """List the worlds `data build` knows: name, source package, what each holds, one line each."""
+    from ..worlds.registry import WORLDS
+
+    for w in WORLDS.values():  # plain lines: one per world, greppable, never wrapped
+        state = "" if w.installed() else "  [not installed]"
+        size = f"  (--size: {w.size})" if w.size else ""
+        typer.echo(f"{w.name:<11} {w.source:<29} {w.holds}{size}{state}")
 
 
 @app.command("inspect")

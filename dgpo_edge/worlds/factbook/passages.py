@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..base import CorpusPassage
 from .source import Country, clean_text
 
 TARGET_WORDS = 100   # a passage is flushed once adding a field would pass MAX_WORDS
@@ -18,19 +19,12 @@ _SENTENCE_END = re.compile(r"(?<=[.;])\s+")
 
 
 @dataclass(frozen=True)
-class FactbookPassage:
+class FactbookPassage(CorpusPassage):
     id: str
     country: str      # Factbook code, e.g. "pe"
     section: str      # e.g. "Government"
     title: str        # e.g. "Peru — Government"
     text: str
-
-    @property
-    def contents(self) -> str:
-        return f'"{self.title}"\n{self.text}'
-
-    def to_corpus_row(self) -> dict:
-        return {"id": self.id, "contents": self.contents}
 
 
 def render_field(name: str, node: object) -> str:

