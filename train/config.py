@@ -18,7 +18,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dgpo_edge.errors import InputError
 
@@ -115,6 +115,21 @@ class KDSection:
     max_new_tokens: int = 128    # length of an on-policy sample
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoRASection:
+    """Low-rank adapters instead of full fine-tuning (train/lora.py); r = 0 trains every weight."""
+
+    r: int = 0                   # rank; 0 = off
+    alpha: float | None = None   # the update is B @ A * alpha / r; default alpha = r (scale 1)
+    dropout: float = 0.0         # dropout on the adapters' input
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # every linear layer
+    train_norms: bool = False    # also train the RMSNorm weights
+    save_dtype: Literal["bf16", "f16", "f32"] = "bf16"  # of the compact adapter in checkpoints/*/adapter
+
+
 @dataclass
 class SFTConfig:
     """`dgpo-edge train sft`: cross-entropy on the generated tokens of trajectories."""
@@ -125,6 +140,7 @@ class SFTConfig:
     optim: OptimSection = field(default_factory=OptimSection)
     eval: EvalSection = field(default_factory=EvalSection)
     log: LogSection = field(default_factory=LogSection)
+    lora: LoRASection = field(default_factory=LoRASection)
     chunk_size: int = 8192       # vocabulary columns per loss chunk; 0 = whole vocabulary
 
     stage = "sft"
@@ -267,6 +283,10 @@ def _coerce(value: Any, hint: Any, key: str, path: Path | str, label: str) -> An
             return str(value)
         if (opt is dict or typing.get_origin(opt) is dict) and isinstance(value, dict):
             return value
+        if typing.get_origin(opt) is list and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        if typing.get_origin(opt) is typing.Literal and value in typing.get_args(opt) and not isinstance(value, bool):
+            return value
     want = " or ".join(_type_name(o) for o in options)
     return _raise(f"{label} must be {want}, got {value!r}", path)
 
@@ -316,8 +336,24 @@ def validate(config: Any, path: Path | str) -> None:
         bad("eval.max_turn_tokens" if config.eval.max_turn_tokens < 1 else "eval.batch_size", "must be >= 1")
     if config.data.dev and not config.data.retriever:
         bad("data.retriever", "is required when data.dev is set (dev EM searches)")
+    validate_lora(config.lora, bad)
     if isinstance(config, KDConfig):
         _validate_kd(config.kd, bad)
+
+
+def validate_lora(lora: LoRASection, bad) -> None:
+    """Range checks of the `lora` section (shared with the RL config)."""
+    if lora.r < 0:
+        bad("lora.r", "must be >= 0 (0 = full fine-tuning)")
+    if lora.alpha is not None and not lora.alpha > 0:
+        bad("lora.alpha", "must be > 0")
+    if not 0 <= lora.dropout < 1:
+        bad("lora.dropout", "must be in [0, 1)")
+    if lora.r and not lora.target_modules:
+        bad("lora.target_modules", "must name at least one module")
+    unknown = sorted(set(lora.target_modules) - set(LORA_TARGETS))
+    if unknown:  # the linear layers of the Llama / Qwen2 models trained here (lm_head is tied)
+        bad("lora.target_modules", f"has no module named {', '.join(unknown)} (choose from {', '.join(LORA_TARGETS)})")
 
 
 def _validate_kd(kd: KDSection, bad) -> None:
@@ -362,5 +398,9 @@ def _is_union(hint: Any) -> bool:
 
 
 def _type_name(t: Any) -> str:
+    if typing.get_origin(t) is typing.Literal:
+        return "one of " + ", ".join(str(a) for a in typing.get_args(t))
+    if typing.get_origin(t) is list:
+        return "a list of strings"
     return {type(None): "null", bool: "true/false", int: "an integer", float: "a number",
             str: "a string", dict: "a mapping"}.get(t, "a mapping" if typing.get_origin(t) is dict else str(t))

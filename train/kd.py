@@ -77,6 +77,7 @@ def run_kd(config: KDConfig, on_step: Callable | None = None) -> dict:
     """Distil per `config`; returns the trainer's summary."""
     import torch
 
+    from .lora import apply_lora
     from .losses import MaskedLMLoss, teacher_targets
     from .trainer import (
         Trainer,
@@ -97,6 +98,7 @@ def run_kd(config: KDConfig, on_step: Callable | None = None) -> dict:
         teacher = None if kd.loss == "seqkd" else load_teacher(config, student, accelerator.device, bf16)
     if config.model.gradient_checkpointing:
         student.gradient_checkpointing_enable()
+    apply_lora(student, config.lora)
     examples, stats = load_trajectories(config.data.train, tokenizer, max_length=config.data.max_length,
                                         only_correct=config.data.only_correct,
                                         chat_template=config.data.chat_template, limit=config.data.limit)

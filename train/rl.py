@@ -143,6 +143,7 @@ class RLTrainer:
         self.retriever = open_retriever(self.config.data.retriever)
 
     def _load_models(self) -> None:
+        from .lora import apply_lora
         from .sft import load_lm, load_tokenizer
 
         c = self.config
@@ -161,6 +162,7 @@ class RLTrainer:
         self.reference = None
         if c.ppo.kl_ref > 0:  # the starting student, frozen: a copy, not a second load from disk
             self.reference = _frozen_copy(actor, device, self.bf16)
+        apply_lora(actor, c.lora)  # after the copy: the reference has no adapters
         self.teacher = None
         if c.uses_teacher:  # the cheap tokenizer check before the weights
             check_same_tokenizer(self.tokenizer, load_tokenizer(c.teacher.path), c.teacher.path)
@@ -174,7 +176,7 @@ class RLTrainer:
                                                     weight_decay=o.weight_decay)
         schedule = lambda opt, warm: torch.optim.lr_scheduler.LambdaLR(  # noqa: E731
             opt, lr_lambda(o.steps, round(warm * o.steps), o.schedule))
-        actor_opt = adam(policy.parameters(), o.lr)
+        actor_opt = adam([p for p in policy.parameters() if p.requires_grad], o.lr)  # LoRA: adapters only
         self.actor_sched = schedule(actor_opt, o.warmup_ratio)
         (self._prepare_engines if self.deepspeed else self._prepare_ddp)(policy, actor_opt, adam, schedule)
         # The rollout engine reads the actor's parameters in place: its CUDA graphs stay valid
@@ -226,16 +228,21 @@ class RLTrainer:
         """The bare causal LM being trained."""
         return self.acc.unwrap_model(self.policy).lm
 
+    def eval_fn(self) -> Callable[[Any, int], dict] | None:
+        """Greedy dev EM with this run's own episode limits (rollout.max_searches, top_k, tokens per
+        turn, ...), so a run is evaluated on the kind of episode it trains on; None without data.dev."""
+        from .sft import make_eval_fn
+
+        return make_eval_fn(self.config, self.tokenizer, self.rollout_config.protocol)
+
     # -- the loop --------------------------------------------------------------------------------
     def train(self) -> dict:
         """Run to `optim.steps` (or a collapse stop), resuming from checkpoints/last when present."""
-        from .sft import make_eval_fn
-
         saved = prepare_run_dir(self.acc, self.config, self.out, states=self._states())
         if saved is not None:
             self.state = RLState(**saved)
             self.watch.load_state_dict(self.state.collapse)
-        eval_fn = make_eval_fn(self.config, self.tokenizer)
+        eval_fn = self.eval_fn()
         logger = _Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
         t_start = time.perf_counter() - self.state.elapsed_s
         if eval_fn and self.config.eval.at_start and self.state.step == 0:
@@ -305,6 +312,7 @@ class RLTrainer:
             penalty = penalty + c.ppo.kl_ref * out["kl_ref"] * batch.mask
         if self.critic is not None:
             out["values"] = self._forward_all(lambda b: self.critic(b.input_ids, b.attention_mask), batch)
+            out["value_mask"] = rl_math.value_mask(batch.attention_mask, batch.mask, c.critic.value_mask)
             clock.lap("critic")
         out["rows"] = torch.zeros_like(batch.scores, dtype=torch.bool)
         if self.teacher is not None:
@@ -343,15 +351,19 @@ class RLTrainer:
 
     def _advantages(self, batch: StepBatch, s: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
         p = self.config.ppo
-        if self.critic is not None:
-            adv, ret = rl_math.gae(s["rewards"].cpu(), s["values"].cpu(), batch.mask.cpu(), p.gamma, p.lam)
+        if self.critic is not None:  # GAE steps through the critic's positions (critic.value_mask)
+            adv, ret = rl_math.gae(s["rewards"].cpu(), s["values"].cpu(), s["value_mask"].cpu(), p.gamma, p.lam)
             adv, ret = adv.to(batch.mask.device), ret.to(batch.mask.device)
-            return (rl_math.masked_whiten(adv, batch.mask) if p.whiten else adv), ret
+            return rl_math.whiten_advantages(adv, batch.mask, batch.attention_mask, p.whiten, self._sum), ret
         # GRPO: the group-normalised score on every generated token, minus the penalty still to
         # come on that row (the teacher term as a return-to-go, undiscounted, not normalised).
         group = rl_math.grpo_advantages(batch.scores, batch.groups)
         to_go = s["penalty"].flip(-1).cumsum(-1).flip(-1)
         return (group[:, None] - to_go) * batch.mask, None
+
+    def _sum(self, value: torch.Tensor) -> torch.Tensor:
+        """`value` summed over all processes (the global batch's statistics for ppo.whiten=reference)."""
+        return self.acc.reduce(value, "sum") if self.world > 1 else value
 
     def _forward_all(self, fn: Callable[[StepBatch], torch.Tensor], batch: StepBatch) -> torch.Tensor:
         """fn over micro-batches of rows, reassembled into [B, L]."""
@@ -397,15 +409,19 @@ class RLTrainer:
         """One optimizer step of actor (and critic) over the rows `index`, in micro-batches."""
         c = self.config
         tokens = float(batch.mask[index].sum().clamp(min=1))
+        # The critic's loss is a mean over its own positions (critic.value_mask), weighted the same way.
+        value_tokens = float(s["value_mask"][index].sum().clamp(min=1)) if "value_mask" in s else 1.0
         stats = {"_tokens": 0.0, "_steps": 1.0}
         micros = [index[i:i + c.ppo.micro_batch] for i in range(0, len(index), c.ppo.micro_batch)]
         for j, micro in enumerate(micros):
             sub = batch.rows(micro)
             width = sub.input_ids.shape[1]
             cut = {k: v[micro, :width] for k, v in s.items() if torch.is_tensor(v) and v.dim() == 2}
-            share = float(sub.mask.sum()) / tokens   # token-mean over the whole mini-batch
+            # token means over the whole mini-batch: actor over generated tokens, critic over its positions
+            shares = (float(sub.mask.sum()) / tokens,
+                      float(cut["value_mask"].sum()) / value_tokens if "value_mask" in cut else 0.0)
             sync = j == len(micros) - 1
-            for k, v in self._micro_losses(sub, cut, s["rows"][micro], share, sync).items():
+            for k, v in self._micro_losses(sub, cut, s["rows"][micro], shares, sync).items():
                 stats[k] = stats.get(k, 0.0) + v * float(sub.mask.sum())
             stats["_tokens"] += float(sub.mask.sum())
         stats["grad_norm"] = self._clip_and_step(self.policy, self.actor_opt)
@@ -413,9 +429,12 @@ class RLTrainer:
             stats["critic_grad_norm"] = self._clip_and_step(self.critic, self.critic_opt)
         return stats
 
-    def _micro_losses(self, sub: StepBatch, s: dict, rows: torch.Tensor, share: float, sync: bool) -> dict:
-        """Backward of the actor (and critic) losses of one micro-batch; returns its stats."""
+    def _micro_losses(self, sub: StepBatch, s: dict, rows: torch.Tensor, shares: tuple[float, float],
+                      sync: bool) -> dict:
+        """Backward of the actor (and critic) losses of one micro-batch, weighted by `shares` (its part
+        of the mini-batch's actor and critic token means); returns its stats."""
         c = self.config
+        share, value_share = shares
         with self._no_sync(self.policy, sync), self._autocast():
             logp, entropy = self.policy(sub.input_ids, sub.attention_mask, sub.mask, c.rollout.temperature, True)
         pl, pstats = rl_math.policy_loss(logp, s["old_logp"], s["advantages"], sub.mask, c.ppo.clip)
@@ -429,8 +448,8 @@ class RLTrainer:
         if self.critic is not None:
             with self._no_sync(self.critic, sync), self._autocast():
                 values = self.critic(sub.input_ids, sub.attention_mask)
-            vl, vstats = rl_math.value_loss(values, s["values"], s["returns"], sub.mask, c.ppo.value_clip)
-            self._backward(self.critic, vl * share, sync)
+            vl, vstats = rl_math.value_loss(values, s["values"], s["returns"], s["value_mask"], c.ppo.value_clip)
+            self._backward(self.critic, vl * value_share, sync)
             stats.update(value_loss=float(vl.detach()), **vstats)
         return stats
 
@@ -508,7 +527,7 @@ class RLTrainer:
             self.save_last()
 
     def _evaluate(self, eval_fn: Any, logger: Any) -> None:
-        from .models import save_checkpoint
+        from .lora import save_checkpoint
 
         t0 = time.perf_counter()
         self.acc.wait_for_everyone()

@@ -31,15 +31,20 @@ class StepBatch:
 
     def rows(self, index: torch.Tensor) -> StepBatch:
         """The sub-batch of rows `index`, cut to its own longest row."""
-        width = int(self.attention_mask[index].sum(1).max())
+        # one column past the longest row: the terminal position of critic.value_mask=reference
+        width = min(int(self.attention_mask[index].sum(1).max()) + 1, self.input_ids.shape[1])
         cut = lambda t: t[index, :width]  # noqa: E731
         return StepBatch(cut(self.input_ids), cut(self.attention_mask), cut(self.mask), cut(self.sample_logp),
                          self.scores[index], self.groups[index])
 
 
 def pack(rollouts: Sequence[Rollout], groups: Sequence[int], pad_id: int, device: Any) -> StepBatch:
-    """Right-padded tensors of `rollouts` (the first token of every row is a prompt token)."""
-    width = max(len(r.token_ids) for r in rollouts)
+    """Right-padded tensors of `rollouts` (the first token of every row is a prompt token).
+
+    Every row, the longest too, is followed by at least one padding column: the
+    critic's value there is that of the terminal state (rl_math.shifted_response_mask).
+    """
+    width = max(len(r.token_ids) for r in rollouts) + 1
     b = len(rollouts)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     attn = torch.zeros((b, width), dtype=torch.long)

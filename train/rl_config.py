@@ -15,8 +15,9 @@ overrides and error reporting are config.py's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-from .config import EvalSection, LogSection, ModelSection, RunSection
+from .config import EvalSection, LogSection, LoRASection, ModelSection, RunSection
 
 ALGORITHMS = ("ppo", "dgpo", "grpo")
 ESTIMATORS = ("k1", "k3", "reverse_full", "forward_full")
@@ -65,7 +66,10 @@ class PPOSection:
     gamma: float = 1.0           # GAE discount
     lam: float = 1.0             # GAE lambda
     kl_ref: float = 0.0          # coefficient of a KL-to-reference (frozen start) reward penalty; 0 = off
-    whiten: bool = True          # normalise advantages over the batch's generated tokens
+    # Advantage whitening (docs/rl.md): reference = over the response mask (observations included),
+    # unbiased variance, global batch (all processes), as the reference DGPO code; generated = over
+    # generated tokens only, biased variance, per process (the older behaviour); none = off.
+    whiten: Literal["reference", "generated", "none"] = "reference"
 
 
 @dataclass
@@ -103,6 +107,10 @@ class CriticSection:
     """The value model: a copy of the student's body with a one-output head."""
 
     path: str | None = None      # defaults to model.path (the paper's critic starts from the student)
+    # Positions of the value loss and of GAE (docs/rl.md): reference = every state from the first
+    # generated token on, observations and the terminal position included (the attention mask
+    # shifted by one), as the reference DGPO code; generated = generated tokens only (older behaviour).
+    value_mask: Literal["reference", "generated"] = "reference"
 
 
 @dataclass
@@ -138,6 +146,7 @@ class RLConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     log: RLLogSection = field(default_factory=RLLogSection)
     collapse: CollapseSection = field(default_factory=CollapseSection)
+    lora: LoRASection = field(default_factory=LoRASection)  # the actor's adapters (the critic trains fully)
     head_rows: int = 2048        # generated positions per LM-head pass: each holds [rows, vocabulary] fp32 logits
 
     @property
@@ -157,6 +166,8 @@ def validate_rl(config: RLConfig, path) -> None:
     """Presence and range checks, each naming the key (InputError -> exit status 2)."""
     from dgpo_edge.errors import InputError
 
+    from .config import validate_lora
+
     def bad(key: str, why: str) -> None:
         raise InputError(f"key {key!r} {why}", path)
 
@@ -171,6 +182,7 @@ def validate_rl(config: RLConfig, path) -> None:
             bad(key, "is required")
     one_of("run.precision", config.run.precision, ("auto", "bf16", "fp32"))
     _validate_rollout(config, bad, one_of)
+    validate_lora(config.lora, bad)
     _validate_ppo(config.ppo, bad)
     t = config.teacher
     if config.algorithm == "dgpo" and not t.path:
@@ -178,6 +190,11 @@ def validate_rl(config: RLConfig, path) -> None:
     one_of("teacher.apply_to", t.apply_to, ("failed", "all"))
     one_of("teacher.estimator", t.estimator, ESTIMATORS)
     one_of("teacher.placement", t.placement, PLACEMENTS)
+    if t.placement == "loss" and t.estimator not in ("k1", "k3"):
+        # The loss form differentiates a per-token estimate at the current policy; the full-vocabulary
+        # KLs are computed once, without gradients, at scoring time, so there is nothing to differentiate.
+        bad("teacher.placement", f"'loss' needs a one-sample estimator (teacher.estimator k1 or k3), not "
+                                 f"{t.estimator!r}; use placement 'reward' for the full-vocabulary KLs")
     if t.beta < 0:
         bad("teacher.beta", "must be >= 0")
     # Scores are exact match, 0 or 1: at <= 0 no rollout would ever get the term (DGPO silently

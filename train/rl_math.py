@@ -10,6 +10,8 @@ their value: inputs there may hold anything (even NaN) and come out as exact 0.
 Map of the module:
 
     masked_mean, masked_whiten, last_token_index     masking helpers
+    response_mask, shifted_response_mask,             the reference's masks, and the
+    whiten_advantages, value_mask                     ppo.whiten / critic.value_mask choices
     selective_rows, teacher_kl, full_vocab_kl,        the DGPO teacher term
     teacher_penalty, kl_penalty_loss
     token_rewards, gae                                PPO rewards and advantages
@@ -24,9 +26,10 @@ The DGPO recipe (DESIGN §6), step by step:
     k_t        = teacher_kl(logp_old, logp_teacher)     # log pi_old(y_t) - log pi_teacher(y_t)
     penalty    = teacher_penalty(k_t, mask, rows, beta=0.001)
     r_t        = token_rewards(s, mask, penalty)        # s on the last generated token, minus beta*k_t
-    A, R       = gae(r_t, values, mask)                 # gamma = lambda = 1
-    A          = masked_whiten(A, mask)
-    loss       = policy_loss(...) + value_loss(...) - 0.001 * entropy
+    steps      = value_mask(attention, mask, "reference")   # every state, observations and terminal too
+    A, R       = gae(r_t, values, steps)                # gamma = lambda = 1
+    A          = whiten_advantages(A, mask, attention, "reference", all_reduce_sum)
+    loss       = policy_loss(..., mask) + value_loss(..., steps) - 0.001 * entropy
 
 k_t is a one-sample (k1) estimate of the reverse KL KL(pi_student || pi_teacher)
 on the student's own sampled tokens; GAE's return-to-go adds it up along the
@@ -37,6 +40,7 @@ worked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -75,23 +79,100 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] 
     return total.sum(dim) / w.sum(dim).clamp(min=1.0)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
+                  unbiased: bool = False, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+                  ) -> torch.Tensor:
     """(x - mu) / sqrt(var + eps) with mu and var taken over the masked entries only.
 
-    The variance is the biased one (divide by the count, not count - 1): it
-    needs no special case for a single token and the difference vanishes at
-    batch sizes where whitening matters. With shift_mean=False the mean is
-    added back after scaling (only the spread is normalised), as verl does.
-    Positions where the mask is 0 come out 0; DGPO whitens advantages over the
-    generated tokens only, so observations do not dilute the statistics.
+    unbiased=False divides the sum of squares by the count n, True by n - 1
+    (Bessel; with n <= 1 the variance is 0). `reduce` sums a tensor over all
+    processes (an all-reduce); with it, mu and var are those of the global
+    batch, so every process whitens with the same statistics - exactly as if
+    the concatenated batch were whitened in one place. Two passes (mean, then
+    centred squares) keep the variance accurate where a one-pass sum of
+    squares would cancel. With shift_mean=False the mean is added back after
+    scaling (only the spread is normalised), as verl does. Positions where the
+    mask is 0 come out 0. Which mask, which variance and which batch: see
+    `whiten_advantages`.
     """
-    mu = masked_mean(x, mask)
-    centred = _zero_outside(x, mask) - mu
-    var = masked_mean(centred.square(), mask)
+    reduce = reduce or (lambda v: v)
+    clean = _zero_outside(x, mask)
+    sums = reduce(torch.stack([clean.sum(), mask.float().sum()]))
+    count = sums[1]
+    mu = sums[0] / count.clamp(min=1.0)
+    centred = torch.where(_as_bool(mask), clean - mu, 0.0)
+    squares = reduce(centred.square().sum().reshape(1))[0]
+    var = squares / ((count - 1.0) if unbiased else count).clamp(min=1.0)
     out = centred * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mu
     return _zero_outside(out, mask)
+
+
+def response_mask(attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Float [B, L]: 1 from each row's first generated token to its last real token, observations included.
+
+    This is the reference's "response" attention mask: everything after the
+    initial prompt that is not padding. A row without a generated token has none.
+    """
+    gen = _as_bool(mask)
+    started = gen.long().cummax(dim=-1).values.bool()
+    return (started & _as_bool(attention_mask)).float()
+
+
+def shifted_response_mask(attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`response_mask` shifted one position right: the first generated token up to one past the last real one.
+
+    Position t holds the state before token t (rl_models.py), so this covers
+    every state the episode passes through: before each generated or
+    observation token, plus the terminal state after the last token (value
+    target 0). The reference trains its critic on exactly these positions
+    (the attention mask shifted by one). A row that fills the batch's width
+    has no room for its terminal position; `rl_batch.pack` leaves one padding
+    column so none does.
+    """
+    resp = response_mask(attention_mask, mask)
+    shifted = torch.nn.functional.pad(resp[:, :-1], (1, 0))
+    return torch.maximum(resp, shifted)
+
+
+WHITEN_MODES = ("reference", "generated", "none")
+VALUE_MASKS = ("reference", "generated")
+
+
+def whiten_advantages(adv: torch.Tensor, mask: torch.Tensor, attention_mask: torch.Tensor, mode: str,
+                      reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """Advantages whitened the `ppo.whiten` way.
+
+    reference: over the response mask (observation tokens included), unbiased
+               variance, statistics of the global batch (`reduce` all-reduces);
+               as the reference DGPO code (verl's masked_whiten on the response
+               attention mask of the whole batch);
+    generated: over the generated tokens only, biased variance, this process's
+               rollouts only (the older behaviour here);
+    none:      unchanged.
+    """
+    if mode == "reference":
+        return masked_whiten(adv, response_mask(attention_mask, mask), unbiased=True, reduce=reduce)
+    if mode == "generated":
+        return masked_whiten(adv, mask)
+    if mode == "none":
+        return adv
+    raise ValueError(f"whiten must be one of {WHITEN_MODES}, not {mode!r}")
+
+
+def value_mask(attention_mask: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Float [B, L]: the positions the critic is trained on and GAE steps through (`critic.value_mask`).
+
+    reference: `shifted_response_mask` - every state of the episode, before
+               generated and observation tokens alike, plus the terminal one;
+    generated: the generated tokens only (observations skipped).
+    """
+    if mode == "reference":
+        return shifted_response_mask(attention_mask, mask)
+    if mode == "generated":
+        return mask.float()
+    raise ValueError(f"value_mask must be one of {VALUE_MASKS}, not {mode!r}")
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
@@ -207,13 +288,16 @@ def token_rewards(scores: torch.Tensor, mask: torch.Tensor, penalty: torch.Tenso
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
         gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation over the generated tokens; returns (advantages, returns).
+    """Generalized advantage estimation over the positions of `mask`; returns (advantages, returns).
 
     delta_t = r_t + gamma * V(next) - V_t,  A_t = delta_t + gamma * lam * A(next),  R_t = A_t + V_t,
-    where "next" is the NEXT GENERATED token of the same row: observation and
-    feedback tokens (mask 0) are skipped, because the policy did not act there
-    and their value estimates are not states of the policy's decision process.
-    After a row's last generated token the value is 0 (the episode ends).
+    where "next" is the next position of the same row where the mask is 1;
+    positions where it is 0 are skipped. After a row's last masked position the
+    value is 0 (the episode ends). `value_mask` gives the two choices: the
+    generated tokens only (observations skipped: the policy did not act there),
+    or the reference's every state including observations and the terminal
+    position after the last token (whose return is then 0, and whose value is
+    bootstrapped by the last token).
     Rewards and values at masked positions are ignored, and advantages and
     returns are 0 there. Inputs are detached: these are regression targets.
     With gamma = lam = 1 this is A_t = (sum of rewards from t on) - V_t.

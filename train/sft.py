@@ -117,8 +117,14 @@ def open_retriever(spec: str) -> Retriever:
     raise InputError("expected an index directory or a corpus .jsonl", path)
 
 
-def make_eval_fn(config: SFTConfig, tokenizer: Any) -> Callable[[Any, int], dict] | None:
-    """Dev EM through greedy multi-turn rollouts (train/rollout.py), or None without data.dev."""
+def make_eval_fn(config: SFTConfig, tokenizer: Any, protocol: Any = None) -> Callable[[Any, int], dict] | None:
+    """Dev EM through greedy multi-turn rollouts (train/rollout.py), or None without data.dev.
+
+    `protocol` (a ProtocolConfig) sets the episode limits; by default the protocol's own with
+    `eval.max_turn_tokens` per turn. An RL run passes its rollout limits, so that it is
+    evaluated on the episodes it trains on. The returned function's `rollout` attribute is the
+    RolloutConfig it uses.
+    """
     if not config.data.dev:
         return None
     try:
@@ -135,13 +141,14 @@ def make_eval_fn(config: SFTConfig, tokenizer: Any) -> Callable[[Any, int], dict
     from .rollout import RolloutConfig
 
     e = config.eval
-    rollout = RolloutConfig(protocol=ProtocolConfig(max_turn_tokens=e.max_turn_tokens), greedy=True,
+    rollout = RolloutConfig(protocol=protocol or ProtocolConfig(max_turn_tokens=e.max_turn_tokens), greedy=True,
                             batch_size=e.batch_size, engine=e.engine, chat_template=config.data.chat_template)
 
     def evaluate(model: Any, step: int) -> dict:
         result = evaluate_em(model, tokenizer, examples, retriever, rollout)
         return {f"dev_{k}": v for k, v in result.items() if isinstance(v, (int, float))}
 
+    evaluate.rollout = rollout
     return evaluate
 
 
@@ -152,6 +159,7 @@ def run_sft(config: SFTConfig, on_step: Callable | None = None) -> dict:
     import torch
 
     from .data import load_trajectories
+    from .lora import apply_lora
     from .losses import MaskedLMLoss
     from .trainer import (
         Trainer,
@@ -169,6 +177,7 @@ def run_sft(config: SFTConfig, on_step: Callable | None = None) -> dict:
                                    config.run.seed)
     if config.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    apply_lora(model, config.lora)
     examples, stats = load_trajectories(config.data.train, tokenizer, max_length=config.data.max_length,
                                         only_correct=config.data.only_correct,
                                         chat_template=config.data.chat_template, limit=config.data.limit)

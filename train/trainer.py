@@ -98,6 +98,9 @@ def check_zero3(config: Any, stage: int | None, processes: int) -> None:
     """
     if stage != 3:
         return
+    if config.lora.r:
+        raise InputError(f"lora.r={config.lora.r}: LoRA is not supported under DeepSpeed ZeRO-3 (checkpoints "
+                         "merge the adapters into whole weights); use DDP or ZeRO-2")
     if config.chunk_size:
         raise InputError(f"chunk_size={config.chunk_size}: the chunked loss cannot read the sharded LM head "
                          "under DeepSpeed ZeRO-3; set chunk_size=0 (full logits)")
@@ -324,7 +327,7 @@ class Trainer:
     def _save_model(self, path: Path, metrics: dict | None = None) -> None:
         """`best`, from the main process; its weights are complete there, since `check_zero3`
         refuses evaluation (and so `best`) under ZeRO-3."""
-        from .models import save_checkpoint
+        from .lora import save_checkpoint
 
         save_checkpoint(self.lm, self.tokenizer, path, extra=self.provenance(metrics))
 
@@ -364,6 +367,8 @@ def write_last(acc: Any, ckpt: Path, lm: Any, tokenizer: Any, state: dict, prove
     DeepSpeed each engine (RL actor, critic) has its own Accelerator, which saves only its own models.
     Written into a temp dir and swapped in, so a crash leaves the previous `last` intact.
     """
+    from .lora import save_weights
+
     tmp = ckpt / ".last.tmp"
     if acc.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -374,7 +379,7 @@ def write_last(acc: Any, ckpt: Path, lm: Any, tokenizer: Any, state: dict, prove
             holder.save_state(str(folder))
     state_dict = None if module is None else lm_state_dict(acc, module)  # every rank: ZeRO-3 gathers
     if acc.is_main_process:
-        lm.save_pretrained(tmp, state_dict=state_dict)
+        save_weights(lm, tmp, state_dict)  # a LoRA model: merged, with adapter/ beside
         tokenizer.save_pretrained(tmp)
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
         (tmp / "dgpo_edge.json").write_text(json.dumps(provenance, indent=2) + "\n")

@@ -1,0 +1,142 @@
+"""LoRA (train/lora.py) on tiny real models: what trains, what a checkpoint holds, resume, every command."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("accelerate")
+pytest.importorskip("peft")
+
+from cli_helpers import assert_one_line_error, invoke  # noqa: E402
+from test_train_loop import _weights, toy  # noqa: E402,F401 - toy is a fixture: tiny student and teacher, toy data
+from train_helpers import read_metrics, write_config  # noqa: E402
+
+from dgpo_edge.train.config import KDConfig, LoRASection, SFTConfig, load_config  # noqa: E402
+from dgpo_edge.train.lora import apply_lora, load_adapter  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+LORA = {"r": 4, "alpha": 8.0, "save_dtype": "f32"}   # scale alpha / r = 2
+
+
+def _sft(toy, tmp_path, name="run", lora=LORA, **optim):
+    from dgpo_edge.train.sft import run_sft
+
+    settings = {"max_steps": 8, "batch_size": 4, "lr": 2e-2, "schedule": "constant", **optim}
+    config = write_config(tmp_path / f"{name}.yaml", toy["student"], toy["train"], tmp_path / name,
+                          optim=settings, lora=lora)
+    run_sft(load_config(SFTConfig, config))
+    return tmp_path / name
+
+
+def _base(toy):
+    from dgpo_edge.train.models import load_checkpoint
+
+    return load_checkpoint(toy["student"])[0]
+
+
+def test_only_adapters_train_and_norms_when_asked(toy):
+    model = apply_lora(_base(toy), LoRASection(r=4))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    # 2 layers x 7 linear layers x (A, B)
+    assert len(trainable) == 28 and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    model = apply_lora(_base(toy), LoRASection(r=4, train_norms=True, target_modules=["q_proj", "v_proj"]))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    norms = {n for n in trainable if "lora_" not in n}
+    # 2 per layer and the final one
+    assert norms == {f"model.layers.{i}.{k}.weight" for i in (0, 1)
+                     for k in ("input_layernorm", "post_attention_layernorm")} | {"model.norm.weight"}
+    assert len(trainable - norms) == 2 * 2 * 2
+
+
+def test_sft_with_lora_learns_and_saves_merged_weights_and_the_adapter(toy, tmp_path):
+    run = _sft(toy, tmp_path, lora={"r": 8, "alpha": 16.0, "save_dtype": "f32"}, max_steps=10)
+    losses = [float(r["loss"]) for r in read_metrics(run / "metrics.csv")]
+    # adapters on a random 32-wide model over a frozen 49k vocabulary learn slowly (10.81 -> 10.53 seen)
+    assert losses[-1] < losses[0] - 0.15 and sum(losses[-3:]) < sum(losses[:3]) - 0.3, losses
+    last = run / "checkpoints" / "last"
+    base, merged = _weights(toy["student"]), _weights(last)
+    assert base.keys() == merged.keys()                      # plain names: loadable by everything downstream
+    from safetensors.torch import load_file
+
+    adapter = load_file(last / "adapter" / "adapter_model.safetensors")
+    changed = 0
+    for key, w in base.items():
+        module = key.removesuffix(".weight")
+        a = adapter.get(f"base_model.model.{module}.lora_A.weight")
+        if a is None:
+            assert torch.equal(merged[key], w), key          # not adapted: untouched
+            continue
+        b = adapter[f"base_model.model.{module}.lora_B.weight"]
+        torch.testing.assert_close(merged[key], w + b @ a * 2.0, rtol=0, atol=1e-6)
+        changed += int(not torch.equal(merged[key], w))
+    assert changed == 14
+    config = json.loads((last / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (8, 16.0, "LORA")
+
+
+def test_adapter_round_trip_gives_the_merged_models_logits(toy, tmp_path):
+    from dgpo_edge.train.models import load_checkpoint
+
+    run = _sft(toy, tmp_path, max_steps=3)
+    last = run / "checkpoints" / "last"
+    merged = load_checkpoint(last)[0].eval()
+    rebuilt = load_adapter(_base(toy), last / "adapter").eval()
+    ids = torch.tensor([[1, 50, 400, 2000, 7, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(input_ids=ids).logits, merged(input_ids=ids).logits,
+                                   rtol=0, atol=1e-4)
+
+
+def test_adapter_file_holds_exactly_the_bf16_adapters(toy, tmp_path):
+    run = _sft(toy, tmp_path, lora={"r": 4}, max_steps=1)
+    path = run / "checkpoints" / "last" / "adapter" / "adapter_model.safetensors"
+    raw = path.read_bytes()
+    header_len = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + header_len])
+    # per layer r x (in + out): q 32+32, k 32+16, v 32+16, o 32+32, gate 32+64, up 32+64, down 64+32
+    # = 4 x 512 = 2,048 parameters; 2 layers, 2 bytes each
+    assert len(raw) - 8 - header_len == 2 * 2048 * 2
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+    assert not (path.parent / "norms.safetensors").exists()
+
+
+def test_resume_continues_a_lora_run(toy, tmp_path):
+    straight = _sft(toy, tmp_path, name="straight", max_steps=4)
+    _sft(toy, tmp_path, name="resumed", max_steps=2)
+    resumed = _sft(toy, tmp_path, name="resumed", max_steps=4)
+    a = [float(r["loss"]) for r in read_metrics(straight / "metrics.csv")]
+    b = [float(r["loss"]) for r in read_metrics(resumed / "metrics.csv")]
+    assert len(b) == 4 and b == pytest.approx(a, abs=1e-5)
+    assert json.loads((resumed / "checkpoints" / "last" / "trainer_state.json").read_text())["step"] == 4
+
+
+def test_kd_with_lora_and_norms(toy, tmp_path):
+    from dgpo_edge.train.kd import run_kd
+
+    config = write_config(tmp_path / "kd.yaml", toy["student"], toy["train"], tmp_path / "run",
+                          optim={"max_steps": 3, "batch_size": 4, "lr": 1e-2},
+                          kd={"teacher": str(toy["teacher"])}, lora={"r": 2, "train_norms": True})
+    run_kd(load_config(KDConfig, config))
+    last = tmp_path / "run" / "checkpoints" / "last"
+    base, merged = _weights(toy["student"]), _weights(last)
+    assert not torch.equal(base["model.norm.weight"], merged["model.norm.weight"])
+    assert torch.equal(base["model.embed_tokens.weight"], merged["model.embed_tokens.weight"])
+    assert (last / "adapter" / "norms.safetensors").is_file()
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("lora.r=-1", "lora.r"),
+    ("lora.dropout=1", "lora.dropout"),
+    ("lora.save_dtype=f8", "one of bf16, f16, f32"),
+    ("lora.target_modules=[q_proj,nope]", "no module named nope"),
+])
+def test_lora_config_errors(toy, tmp_path, override, needle):
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run", lora={"r": 4})
+    assert_one_line_error(invoke("train", "sft", "--config", config, override), needle)
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,178 @@
+"""LoRA for `train sft | kd | ppo | dgpo | grpo` (the `lora:` config section), through peft.
+
+The adapters are injected into the causal LM in place (`peft.inject_adapter_in_model`),
+so the model keeps its own class and attributes (`base_model`, `get_output_embeddings`,
+the layer modules the fast rollout engine calls): every loss, rollout and evaluation
+path runs unchanged, only the trainable parameters differ. With `lora.train_norms` the
+RMSNorm weights train too (they are tiny, and a depth-pruned student benefits).
+
+Checkpoints of a LoRA run hold two things (`save_weights`):
+
+- the **merged** model, W + B @ A * alpha / r in place of every adapted weight, in
+  transformers format: what rollout, eval and `export gguf` read, as for a full run;
+- `adapter/`: the adapter alone, compact - `adapter_model.safetensors` and
+  `adapter_config.json` in peft's own format (`PeftModel.from_pretrained(base, dir)`
+  reads them), plus `norms.safetensors` with the trained norm weights when
+  `train_norms` is on; in `lora.save_dtype` (bf16 by default). `load_adapter` puts
+  both back on a base model.
+
+Resuming needs neither: accelerate's `state/` holds the live model, adapters included.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dgpo_edge.errors import InputError
+
+ADAPTER_DIR = "adapter"
+PEFT_PREFIX = "base_model.model."     # peft's key prefix in adapter_model.safetensors
+DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+
+
+def enabled(section: Any) -> bool:
+    return section is not None and section.r > 0
+
+
+def apply_lora(model: Any, section: Any) -> Any:
+    """Inject LoRA adapters per `section` (a no-op when lora.r is 0); only adapters (and norms) train."""
+    if not enabled(section):
+        return model
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(r=section.r, lora_alpha=section.alpha or section.r, lora_dropout=section.dropout,
+                        target_modules=list(section.target_modules), bias="none")
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = sorted(set(section.target_modules) - present)
+    if missing:
+        raise InputError(f"key 'lora.target_modules': the model has no module named {', '.join(missing)} "
+                         f"(its linear layers: {', '.join(sorted(_linear_names(model)))})")
+    inject_adapter_in_model(config, model)
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name or (section.train_norms and _is_norm(name)))
+    # Frozen embeddings give inputs without gradients; gradient checkpointing would then drop the
+    # adapters' gradients inside checkpointed blocks. The hook makes the embeddings' output require them.
+    model.enable_input_require_grads()
+    model._dgpo_lora = section  # read back by save_weights
+    return model
+
+
+def _is_norm(name: str) -> bool:
+    return name.endswith("norm.weight")
+
+
+def _linear_names(model: Any) -> set[str]:
+    import torch
+
+    return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def lora_layers(model: Any) -> dict[str, Any]:
+    """Module name -> peft LoraLayer, for every adapted module of `model`."""
+    from peft.tuners.lora import LoraLayer
+
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def is_lora(model: Any) -> bool:
+    return bool(lora_layers(model))
+
+
+def merged_state_dict(model: Any) -> dict:
+    """The model's weights under their plain names, each adapted weight replaced by W + B @ A * scale.
+
+    The live model is left as it is (training goes on); only the returned tensors are new.
+    """
+    layers = lora_layers(model)
+    out = {}
+    for key, value in model.state_dict().items():
+        if "lora_" in key:
+            continue
+        module, _, leaf = key.rpartition(".")
+        if module.endswith(".base_layer"):
+            owner = module.removesuffix(".base_layer")
+            if leaf == "weight":
+                delta = layers[owner].get_delta_weight("default")
+                value = (value.float() + delta.float()).to(value.dtype)
+            key = f"{owner}.{leaf}"
+        out[key] = value.detach()
+    return out
+
+
+def save_weights(model: Any, folder: Path, state_dict: dict | None = None) -> None:
+    """`model.save_pretrained(folder)`, merged and with `adapter/` beside it for a LoRA model."""
+    if not is_lora(model):
+        model.save_pretrained(folder, state_dict=state_dict)
+        return
+    model.save_pretrained(folder, state_dict=merged_state_dict(model))
+    save_adapter(model, Path(folder) / ADAPTER_DIR)
+
+
+def save_checkpoint(model: Any, tokenizer: Any, out: str | Path, extra: dict | None = None) -> Path:
+    """models.save_checkpoint, LoRA-aware (merged weights plus `adapter/`)."""
+    from .models import save_checkpoint as save_plain
+
+    if not is_lora(model):
+        return save_plain(model, tokenizer, out, extra)
+    from dgpo_edge.jsonio import atomic_dir
+
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        save_weights(model, tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if extra:
+            (tmp / "dgpo_edge.json").write_text(json.dumps(extra, indent=2) + "\n")
+    return out
+
+
+def save_adapter(model: Any, folder: Path) -> None:
+    """adapter_model.safetensors + adapter_config.json (peft's format), norms.safetensors when trained."""
+    import torch
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    section = model._dgpo_lora
+    dtype = getattr(torch, DTYPES[section.save_dtype])
+    folder.mkdir(parents=True, exist_ok=True)
+    adapters, norms = {}, {}
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            adapters[PEFT_PREFIX + name.replace(".default", "")] = param.detach().to("cpu", dtype).contiguous()
+        elif section.train_norms and _is_norm(name):
+            norms[name] = param.detach().to("cpu", dtype).contiguous()
+    save_file(adapters, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    if norms:
+        save_file(norms, str(folder / "norms.safetensors"), metadata={"format": "pt"})
+    config = LoraConfig(r=section.r, lora_alpha=section.alpha or section.r, lora_dropout=section.dropout,
+                        target_modules=list(section.target_modules), bias="none", task_type="CAUSAL_LM")
+    config.save_pretrained(str(folder))
+
+
+def load_adapter(model: Any, folder: str | Path) -> Any:
+    """Inject the adapter saved in `folder` into a base `model` and load its weights (and norms)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from .config import LoRASection
+
+    folder = Path(folder)
+    path = folder / "adapter_config.json"
+    if not path.is_file():
+        raise InputError("not a LoRA adapter folder (no adapter_config.json)", folder)
+    raw = json.loads(path.read_text())
+    norms_file = folder / "norms.safetensors"
+    section = LoRASection(r=int(raw["r"]), alpha=float(raw["lora_alpha"]), dropout=float(raw["lora_dropout"]),
+                          target_modules=sorted(raw["target_modules"]), train_norms=norms_file.is_file())
+    apply_lora(model, section)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for key, value in load_file(str(folder / "adapter_model.safetensors")).items():
+            name = key.removeprefix(PEFT_PREFIX).replace(".weight", ".default.weight")
+            params[name].copy_(value.to(params[name].dtype))
+        if norms_file.is_file():
+            for name, value in load_file(str(norms_file)).items():
+                params[name].copy_(value.to(params[name].dtype))
+    return model
