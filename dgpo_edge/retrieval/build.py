@@ -68,6 +68,7 @@ import numpy as np
 
 from .. import __version__, jsonio
 from ..errors import InputError
+from ..locks import LOCK_FILE, folder_lock
 from .base import Encoder, EncoderSpec
 from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, file_digest, write_manifest
 from .corpus import DEFAULT_WORDS, _text_files, detect_format, iter_corpus, size_hint
@@ -77,7 +78,6 @@ KINDS = ("flat", "ivfpq", "bm25", "hybrid")
 WORK_DIR = ".work"
 STATE_FILE = "state.json"
 STATE_VERSION = 1
-LOCK_FILE = ".lock"
 BUILD_FILES = (STORE_FILE, INDEX_FILE, MANIFEST_FILE)  # what an index folder holds
 
 UNKNOWN_COUNT = 1 << 40  # stands for "any number of passages" in early option checks
@@ -224,23 +224,9 @@ def _clear(work: Path, pattern: str = "*") -> None:
                 p.unlink()
 
 
-@contextlib.contextmanager
-def _locked(work: Path) -> Iterator[None]:
+def _locked(work: Path) -> contextlib.AbstractContextManager[None]:
     """Hold an exclusive lock on the work folder: two builds into one folder would trample each other."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no advisory locks here; builds are still atomic per file
-        yield
-        return
-    with open(work / LOCK_FILE, "a+b") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError("another build is writing into this folder", work.parent) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return folder_lock(work, "another build is writing into this folder", LOCK_FILE, where=work.parent)
 
 
 # --- stage 1: the passage store ---------------------------------------------------------------------
