@@ -28,7 +28,9 @@ unknown): "fingerprint" (corpus bytes hashed), "store" (passages stored),
 "embed" (passages embedded, including chunks found done), "train" (0/1, 1/1),
 "add" (vectors added), "write" (0/1, 1/1).
 
-Resuming. Work happens in `DIR/.work/`: the store is built there first (one
+Resuming. Work happens in `DIR/.work/`, marked as the tool's by the file
+`.work/.dgpo-edge-work`; a `.work` without that marker (someone else's files,
+or a link) is refused and never emptied, an empty one is adopted. The store is built there first (one
 streaming pass, `PassageStore.build`), then passages are read back from it
 `chunk` rows at a time, embedded, and saved as `emb-{i:06d}.npy` (written
 atomically, normalised float32). `state.json` records the corpus fingerprint
@@ -76,6 +78,7 @@ from .store import PassageStore
 
 KINDS = ("flat", "ivfpq", "bm25", "hybrid")
 WORK_DIR = ".work"
+WORK_MARKER = ".dgpo-edge-work"
 STATE_FILE = "state.json"
 STATE_VERSION = 1
 BUILD_FILES = (STORE_FILE, INDEX_FILE, MANIFEST_FILE)  # what an index folder holds
@@ -130,8 +133,7 @@ def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder
         dense.plan_index(kind, encoder.spec.dim, UNKNOWN_COUNT, nlist=nlist, pq=pq, opq=opq, nprobe=nprobe)
 
     created = not out.exists()
-    work = out / WORK_DIR
-    work.mkdir(parents=True, exist_ok=True)
+    work = _work_folder(out)
     with _locked(work):
         state = _open_state(work, corpus_fingerprint(corpus, fmt, emit))
         store = _ensure_store(corpus, work, state, bm25, emit, created, out)
@@ -193,6 +195,27 @@ def corpus_fingerprint(corpus: str | Path, fmt: str | None = None,
             "bytes": total, "sha256": h.hexdigest()}
 
 
+def _work_folder(out: Path) -> Path:
+    """`out/.work`, made and marked here, or found marked (or empty); InputError otherwise.
+
+    The work folder is emptied when the corpus changes and removed when the build ends, so
+    only a folder this tool made may be used: a `.work` holding anyone else's files (or a
+    link to another folder) is refused, with or without --overwrite.
+    """
+    work = out / WORK_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir()
+    except FileExistsError:
+        if work.is_symlink() or not work.is_dir() or not (
+                (work / WORK_MARKER).is_file() or not any(work.iterdir())):
+            raise InputError(f"dgpo-edge did not make this folder (no {WORK_MARKER} marker) and a build "
+                             "would empty it; move it out of the way", work) from None
+    (work / WORK_MARKER).write_text("made by `dgpo-edge index build`: its resumable work, removed when the "
+                                    "build ends\n", encoding="utf-8")
+    return work
+
+
 def _open_state(work: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
     """The work folder's state, emptied first when it belongs to another corpus (or is unreadable)."""
     try:
@@ -213,9 +236,9 @@ def _save_state(work: Path, state: dict[str, Any]) -> None:
 
 
 def _clear(work: Path, pattern: str = "*") -> None:
-    """Remove what `pattern` matches in the work folder (never the lock file)."""
+    """Remove what `pattern` matches in the work folder (never the lock file or the marker)."""
     for p in work.glob(pattern):
-        if p.name == LOCK_FILE:
+        if p.name in (LOCK_FILE, WORK_MARKER):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
