@@ -10,6 +10,11 @@ operation opens its own short-lived connection, the database runs in WAL mode
 with a busy timeout, and writes take the write lock up front
 (`BEGIN IMMEDIATE`) so a read-then-write such as numbering an exchange cannot
 interleave with another writer's.
+
+An existing file is first opened read-only and used only when it has this
+app's tables and format (`PRAGMA user_version`); anything else (another
+application's database, a newer format) is refused untouched. A missing or
+empty file becomes a new history.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.request import pathname2url
 
 from dgpo_edge.errors import InputError
 
@@ -44,6 +50,9 @@ CREATE TABLE IF NOT EXISTS exchanges (
     PRIMARY KEY (chat_id, position)
 );
 """
+# The columns of each table, in order: an existing file must have exactly these to be used.
+_TABLES = {"chats": ["id", "title", "created", "updated"],
+           "exchanges": ["chat_id", "position", "created", "body"]}
 
 
 def default_path() -> Path:
@@ -82,13 +91,41 @@ class ChatStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InputError(f"cannot create the chat history folder ({e.strerror})", self.path.parent) from None
-        with self._connect() as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise InputError(f"chat history format {version} is newer than this dgpo-edge reads "
-                                 f"({SCHEMA_VERSION})", self.path)
+        if self._check_existing():
+            return
+        with self._connect() as db:   # a new (or empty) file: make it a chat history
             db.executescript(_SCHEMA)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _check_existing(self) -> bool:
+        """True for an existing chat history of this format, False for no file or an empty one.
+
+        Read-only, so a file that is not ours (another application's database) is refused
+        before anything could change it: no table created, no WAL switch, no pragma written.
+        """
+        if not self.path.exists() or (self.path.is_file() and self.path.stat().st_size == 0):
+            return False
+        uri = "file:" + pathname2url(str(self.path.resolve())) + "?mode=ro"
+        try:
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=self.timeout_s)) as db:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                tables = {name: [c[1] for c in db.execute(f"PRAGMA table_info('{name}')")]
+                          for name in _TABLES}
+                empty = db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+        except sqlite3.DatabaseError as e:
+            raise InputError(f"not a readable chat history ({e})", self.path) from None
+        if empty and version == 0:
+            return False
+        if tables != _TABLES:
+            raise InputError("not a dgpo-edge chat history (it lacks this app's tables): refused, left "
+                             "unchanged; give --history another file", self.path)
+        if version > SCHEMA_VERSION:
+            raise InputError(f"chat history format {version} is newer than this dgpo-edge reads "
+                             f"({SCHEMA_VERSION})", self.path)
+        if version != SCHEMA_VERSION:
+            raise InputError(f"not a dgpo-edge chat history (format {version}, expected {SCHEMA_VERSION}): "
+                             "refused, left unchanged", self.path)
+        return True
 
     # --- writing ------------------------------------------------------------------
 
