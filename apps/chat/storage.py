@@ -20,6 +20,7 @@ empty file becomes a new history.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -34,6 +35,8 @@ from dgpo_edge.errors import InputError
 from .exchange import Exchange
 
 FILE_NAME = "chats.sqlite"
+# What a damaged history file raises from any ChatStore call: the app shows it and goes on.
+HISTORY_ERRORS = (InputError, sqlite3.Error)
 SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -174,10 +177,12 @@ class ChatStore:
         out = []
         for position, body in rows:
             try:
-                out.append(Exchange.from_dict(json.loads(body)))
-            except (ValueError, KeyError, TypeError) as e:
+                exchange = Exchange.from_dict(json.loads(body))
+                _check_types(exchange)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise InputError(f"chat {chat_id}, exchange {position} is corrupt ({type(e).__name__}: {e})",
                                  self.path) from None
+            out.append(exchange)
         return out
 
     # --- connections ----------------------------------------------------------------
@@ -211,6 +216,28 @@ class ChatStore:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+
+
+_TYPES = {"str": (str,), "None": (type(None),), "int": (int,), "float": (int, float), "bool": (bool,)}
+
+
+def _check_types(obj: object) -> None:
+    """TypeError unless every field of a loaded Exchange (and its Steps and Sources) has its declared type.
+
+    A stored body can parse as JSON and still hold, say, a number for the question; the
+    widgets would fail on it while drawing, taking the app down, so it is caught here.
+    """
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        value, hint = getattr(obj, f.name), str(f.type)
+        if hint.startswith("list["):
+            if not isinstance(value, list):
+                raise TypeError(f"{f.name} must be a list")
+            for item in value:
+                _check_types(item)
+            continue
+        allowed = tuple(t for part in hint.split("|") for t in _TYPES[part.strip()])
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise TypeError(f"{f.name} must be {hint}, got {type(value).__name__}")
 
 
 def _title(question: str, width: int = 60) -> str:
