@@ -141,6 +141,22 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
             yield lineno, raw
 
 
+def cut_torn_last_line(path: str | Path) -> int:
+    """Truncate a last line that lacks its newline (an append cut short by a crash); the bytes cut.
+
+    Read in bounded lines like every reader: a "torn line" longer than MAX_LINE_BYTES is no
+    torn record but someone else's file, refused (InputError) rather than cut to nothing.
+    """
+    path = Path(path)
+    torn = b""
+    for _, raw in iter_lines(path):
+        torn = b"" if raw.endswith(b"\n") else raw
+    if torn:
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size - len(torn))
+    return len(torn)
+
+
 def parse_json_line(raw: bytes, path: Path, lineno: int) -> dict | None:
     """The JSON object on one line, None for a blank line; InputError naming file and line otherwise."""
     try:

@@ -9,7 +9,7 @@ import pytest
 
 from dgpo_edge import jsonio
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import iter_lines, read_jsonl, replace_dir
+from dgpo_edge.jsonio import cut_torn_last_line, iter_lines, read_jsonl, replace_dir
 
 
 def _folder(path: Path, text: str) -> Path:
@@ -80,3 +80,18 @@ def test_iter_lines_says_whether_a_line_is_complete(tmp_path: Path):
     path = tmp_path / "torn.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n\n{"a"')
     assert list(iter_lines(path)) == [(1, b'{"a": 1}\n'), (2, b"\n"), (3, b'{"a"')]
+
+
+def test_cut_torn_last_line_cuts_only_a_torn_record(tmp_path: Path, monkeypatch):
+    path = tmp_path / "progress.jsonl"
+    path.write_bytes(b'{"id": 1}\n{"id": 2}\n{"id": 3, "q')
+    assert cut_torn_last_line(path) == len(b'{"id": 3, "q')
+    assert path.read_bytes() == b'{"id": 1}\n{"id": 2}\n'
+    assert cut_torn_last_line(path) == 0 and path.read_bytes() == b'{"id": 1}\n{"id": 2}\n'
+    # a file that is one huge line is not a torn record: refused, not truncated to nothing
+    monkeypatch.setattr(jsonio, "MAX_LINE_BYTES", 1000)
+    other = tmp_path / "not-ours.jsonl"
+    other.write_bytes(b"x" * 5000)
+    with pytest.raises(InputError, match="line 1: line longer than 1,000 bytes"):
+        cut_torn_last_line(other)
+    assert other.stat().st_size == 5000

@@ -37,7 +37,7 @@ from typing import Any
 from .. import arc, metrics
 from ..datasets import QAExample, read_qa
 from ..errors import InputError
-from ..jsonio import iter_lines, parse_json_line, write_json, write_text
+from ..jsonio import cut_torn_last_line, iter_lines, parse_json_line, write_json, write_text
 from ..locks import folder_lock
 from ..protocol import Passage
 from .agent import Agent
@@ -91,10 +91,8 @@ def _done_records(path: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         return {}
     done: dict[str, dict[str, Any]] = {}
-    torn: bytes | None = None
     for lineno, raw in iter_lines(path):
         if not raw.endswith(b"\n"):   # only the last line can lack its newline
-            torn = raw
             break
         try:
             rec = parse_json_line(raw, path, lineno)
@@ -103,9 +101,7 @@ def _done_records(path: Path) -> dict[str, dict[str, Any]]:
         if rec is None or not isinstance(rec.get("key"), str):
             raise _damaged(path, lineno, "a blank line" if rec is None else 'a record without "key"')
         done[rec["key"]] = rec
-    if torn is not None:
-        with open(path, "r+b") as f:
-            f.truncate(path.stat().st_size - len(torn))
+    cut_torn_last_line(path)   # only now that the lines before it all proved sound
     return done
 
 
