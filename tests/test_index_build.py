@@ -627,9 +627,12 @@ def test_marked_or_empty_work_folders_are_used_and_removed(corpus, tmp_path):
     assert (out / WORK_DIR / WORK_MARKER).is_file()
     assert build_index(corpus, out, kind="bm25")["count"] == N
     assert not (out / WORK_DIR).exists()
-    other = tmp_path / "other"
-    (other / WORK_DIR).mkdir(parents=True)
-    assert build_index(corpus, other, kind="bm25")["count"] == N and not (other / WORK_DIR).exists()
+    for name, files in (("empty", []), ("lock-only", [".lock"])):
+        other = tmp_path / name
+        (other / WORK_DIR).mkdir(parents=True)
+        for f in files:
+            (other / WORK_DIR / f).touch()
+        assert build_index(corpus, other, kind="bm25")["count"] == N and not (other / WORK_DIR).exists()
 
 
 def _raise_at_write(stage: str) -> None:

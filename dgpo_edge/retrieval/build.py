@@ -30,7 +30,8 @@ unknown): "fingerprint" (corpus bytes hashed), "store" (passages stored),
 
 Resuming. Work happens in `DIR/.work/`, marked as the tool's by the file
 `.work/.dgpo-edge-work`; a `.work` without that marker (someone else's files,
-or a link) is refused and never emptied, an empty one is adopted. The store is built there first (one
+or a link) is refused and never emptied; an empty one (or one holding only
+the lock file) is adopted. The store is built there first (one
 streaming pass, `PassageStore.build`), then passages are read back from it
 `chunk` rows at a time, embedded, and saved as `emb-{i:06d}.npy` (written
 atomically, normalised float32). `state.json` records the corpus fingerprint
@@ -133,7 +134,7 @@ def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder
         dense.plan_index(kind, encoder.spec.dim, UNKNOWN_COUNT, nlist=nlist, pq=pq, opq=opq, nprobe=nprobe)
 
     created = not out.exists()
-    work = _work_folder(out)
+    work = claim_work_folder(out)
     with _locked(work):
         state = _open_state(work, corpus_fingerprint(corpus, fmt, emit))
         store = _ensure_store(corpus, work, state, bm25, emit, created, out)
@@ -195,7 +196,7 @@ def corpus_fingerprint(corpus: str | Path, fmt: str | None = None,
             "bytes": total, "sha256": h.hexdigest()}
 
 
-def _work_folder(out: Path) -> Path:
+def claim_work_folder(out: Path) -> Path:
     """`out/.work`, made and marked here, or found marked (or empty); InputError otherwise.
 
     The work folder is emptied when the corpus changes and removed when the build ends, so
@@ -207,8 +208,9 @@ def _work_folder(out: Path) -> Path:
     try:
         work.mkdir()
     except FileExistsError:
+        # ours: marked, or holding nothing but a lock file (nothing of anyone's to lose)
         if work.is_symlink() or not work.is_dir() or not (
-                (work / WORK_MARKER).is_file() or not any(work.iterdir())):
+                (work / WORK_MARKER).is_file() or {p.name for p in work.iterdir()} <= {LOCK_FILE}):
             raise InputError(f"dgpo-edge did not make this folder (no {WORK_MARKER} marker) and a build "
                              "would empty it; move it out of the way", work) from None
     (work / WORK_MARKER).write_text("made by `dgpo-edge index build`: its resumable work, removed when the "
