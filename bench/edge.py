@@ -40,6 +40,7 @@ from dgpo_edge.agent.evaluate import evaluate, load_questions, run_one  # noqa: 
 from dgpo_edge.bundle import ensure_default_bundle, open_bundle  # noqa: E402
 from dgpo_edge.bundle.loader import load_agent  # noqa: E402
 from dgpo_edge.engines.llama_cpp import LlamaCppEngine  # noqa: E402
+from dgpo_edge.jsonio import read_jsonl  # noqa: E402
 
 
 def peak_rss_mib() -> float:
@@ -63,7 +64,7 @@ def part_agent(bundle: Any, data: Path, limit: int, threads: int, out: Path) -> 
                                                       f"{r['stop_reason']}", flush=True))
     wall = time.perf_counter() - t0
     rss = peak_rss_mib()
-    recs = [json.loads(line) for line in (out / "agent" / "predictions.jsonl").read_text().splitlines()]
+    recs = [rec for _, rec in read_jsonl(out / "agent" / "predictions.jsonl")]
     ratios = [r["prompt_tokens"] / r["transcript_tokens"] for r in recs if r["transcript_tokens"]]
     new = sum(r["new_tokens"] for r in recs)
     dec = sum(r["decode_s"] for r in recs)

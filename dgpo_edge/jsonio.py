@@ -1,4 +1,4 @@
-"""Atomic file writes and line-numbered JSON-lines reading.
+"""Atomic file writes and line-numbered JSON-lines reading (the one JSONL reader: bounded lines, BOM).
 
 Every artifact is written to a temporary file in the target's directory and
 renamed into place, so a crash never leaves a half-written file behind.
@@ -113,25 +113,76 @@ def require_file(path: str | Path) -> Path:
     return path
 
 
+# A JSON-lines record longer than this is refused rather than read: a file with no newline (a
+# binary or a mistaken path) would otherwise be read whole into memory before failing to parse.
+# Far above any real record: corpus passages, trajectories and predictions are kilobytes.
+MAX_LINE_BYTES = 16 << 20
+BOM = b"\xef\xbb\xbf"
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """Yield (1-based line number, raw bytes with their newline) in bounded memory.
+
+    The last line has no newline when the file does not end with one (a torn write). A
+    UTF-8 byte-order mark at the start of the file is dropped. A line longer than
+    MAX_LINE_BYTES raises InputError naming the file and line, after reading at most
+    that much of it.
+    """
+    path = require_file(path)
+    limit = MAX_LINE_BYTES
+    with open(path, "rb") as f:
+        lineno = 0
+        while raw := f.readline(limit + 1):
+            lineno += 1
+            if lineno == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                raise InputError(f"line longer than {limit:,} bytes: not a JSON-lines record", path, lineno)
+            yield lineno, raw
+
+
+def cut_torn_last_line(path: str | Path) -> int:
+    """Truncate a last line that lacks its newline (an append cut short by a crash); the bytes cut.
+
+    Read in bounded lines like every reader: a "torn line" longer than MAX_LINE_BYTES is no
+    torn record but someone else's file, refused (InputError) rather than cut to nothing.
+    """
+    path = Path(path)
+    torn = b""
+    for _, raw in iter_lines(path):
+        torn = b"" if raw.endswith(b"\n") else raw
+    if torn:
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size - len(torn))
+    return len(torn)
+
+
+def parse_json_line(raw: bytes, path: Path, lineno: int) -> dict | None:
+    """The JSON object on one line, None for a blank line; InputError naming file and line otherwise."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 ({e.reason} at byte {e.start})", path, lineno) from None
+    if not text.strip():
+        return None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"malformed JSON: {e.msg} (column {e.colno})", path, lineno) from None
+    if not isinstance(obj, dict):
+        raise InputError(f"expected a JSON object, got {type(obj).__name__}", path, lineno)
+    return obj
+
+
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """Yield (1-based line number, object) for each non-blank line.
 
     Raises InputError naming the file and line for a missing file, bytes that
-    are not UTF-8, malformed JSON, or a line that is not a JSON object.
+    are not UTF-8, malformed JSON, a line that is not a JSON object, or a line
+    longer than MAX_LINE_BYTES. A UTF-8 byte-order mark at the start is accepted.
     """
-    path = require_file(path)
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InputError(f"not UTF-8 ({e.reason} at byte {e.start})", path, lineno) from None
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise InputError(f"malformed JSON: {e.msg} (column {e.colno})", path, lineno) from None
-            if not isinstance(obj, dict):
-                raise InputError(f"expected a JSON object, got {type(obj).__name__}", path, lineno)
+    path = Path(path)
+    for lineno, raw in iter_lines(path):
+        obj = parse_json_line(raw, path, lineno)
+        if obj is not None:
             yield lineno, obj

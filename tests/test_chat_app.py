@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import functools
 import itertools
+import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ from textual.widgets import Button, Input, Markdown, OptionList  # noqa: E402
 from dgpo_edge.agent import Agent  # noqa: E402
 from dgpo_edge.agent import events as ev  # noqa: E402
 from dgpo_edge.apps.chat.app import ChatApp  # noqa: E402
+from dgpo_edge.apps.chat.exchange import Recorder  # noqa: E402
 from dgpo_edge.apps.chat.screens import HistoryScreen, Settings, SettingsScreen  # noqa: E402
 from dgpo_edge.apps.chat.storage import ChatStore  # noqa: E402
 from dgpo_edge.apps.chat.widgets import ExchangeView, StepView  # noqa: E402
@@ -339,6 +341,79 @@ async def test_a_chat_deleted_in_another_window_starts_a_new_one(retriever, chat
         assert app.chat_id is not None and app.chat_id != first
     [chat] = chats.list_chats()
     assert chat.id == app.chat_id and [x.question for x in chats.load_chat(chat.id)] == ["capital of Peru, again"]
+
+
+def record_notifications(app: ChatApp) -> list[tuple[str, str]]:
+    """(message, severity) of every notification the app (or a screen of it) shows."""
+    seen: list[tuple[str, str]] = []
+    notify = app.notify
+
+    def recording(message, *args, **kw):
+        seen.append((str(message), kw.get("severity", "information")))
+        return notify(message, *args, **kw)
+
+    app.notify = recording   # type: ignore[method-assign]
+    return seen
+
+
+@pytest.mark.parametrize("body", ["{not json", "[1, 2]", '{"question": 5}', '{"question": "q", "steps": [7]}'])
+@asynchronous
+async def test_a_corrupt_stored_exchange_is_an_error_in_the_app_not_a_crash(retriever, chats, body):
+    """Reopening a chat with one corrupt exchange: an error shown, the app running, the screen kept."""
+    broken = chats.create_chat("broken chat")
+    for q in ("fine", "damaged"):
+        chats.add_exchange(broken, Recorder(q).exchange)
+    with sqlite3.connect(chats.path) as db:
+        db.execute("UPDATE exchanges SET body = ? WHERE chat_id = ? AND position = 1", (body, broken))
+    db.close()
+    app = make_app(scripted_agent(retriever, ["<answer> Lima </answer>"]), chats)
+    async with app.run_test(size=(100, 30)) as pilot:
+        notes = record_notifications(app)
+        await ask(pilot, "capital of Peru")
+        current = app.chat_id
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, HistoryScreen))
+        options = app.screen.query_one("#chats", OptionList)
+        options.highlighted = next(i for i in range(options.option_count)
+                                   if str(options.get_option_at_index(i).prompt).startswith("broken chat"))
+        await pilot.press("enter")
+        await until(pilot, lambda: not isinstance(app.screen, HistoryScreen))
+        await pilot.pause()
+        assert [v.exchange.question for v in exchange_views(app)] == ["capital of Peru"]   # kept on screen
+        assert app.chat_id == current
+        assert any("exchange 1 is corrupt" in m and sev == "error" for m, sev in notes), notes
+        await ask(pilot, "still working?")   # the app goes on: the next question is answered and saved
+        assert len(exchange_views(app)) == 2
+    assert app.return_code in (0, None) and not getattr(app, "_exception", None)
+    assert len(chats.load_chat(current)) == 2
+
+
+@asynchronous
+async def test_a_history_file_damaged_while_the_app_runs_is_shown_not_raised(retriever, chats):
+    """The file is overwritten with garbage mid-session: the chat list, delete and save all fail
+    with an error in the app; the conversation on screen stays and questions still get answered."""
+    app = make_app(scripted_agent(retriever, ["<answer> Lima </answer>"]), chats)
+    async with app.run_test(size=(100, 30)) as pilot:
+        notes = record_notifications(app)
+        await ask(pilot, "capital of Peru")
+        for suffix in ("-wal", "-shm"):
+            Path(str(chats.path) + suffix).unlink(missing_ok=True)
+        chats.path.write_bytes(b"garbage, not SQLite" * 200)
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, HistoryScreen))
+        await pilot.pause()
+        options = app.screen.query_one("#chats", OptionList)
+        assert "cannot be read" in str(options.get_option_at_index(0).prompt)
+        await pilot.press("delete")
+        await pilot.pause()
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, HistoryScreen))
+        await ask(pilot, "and again")
+        assert [v.exchange.question for v in exchange_views(app)] == ["capital of Peru", "and again"]
+        assert [v.exchange.answer for v in exchange_views(app)] == ["Lima", "Lima"]
+        errors = [m for m, sev in notes if sev == "error"]
+        assert any("not saved" in m for m in errors) and any("not a readable chat history" in m for m in errors)
+    assert not getattr(app, "_exception", None)
 
 
 @asynchronous

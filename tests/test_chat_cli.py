@@ -44,6 +44,19 @@ def test_a_broken_history_file_is_named_before_any_model_loads(tmp_path):
     assert_one_line_error(invoke("chat", "--history", bad), str(bad), "not a readable chat history")
 
 
+def test_another_applications_database_is_refused_unchanged(tmp_path):
+    import sqlite3
+
+    pytest.importorskip("textual")
+    other = tmp_path / "app.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE t (x)")
+    db.close()
+    before = other.read_bytes()
+    assert_one_line_error(invoke("chat", "--history", other), str(other), "not a dgpo-edge chat history")
+    assert other.read_bytes() == before
+
+
 def test_out_of_range_settings_are_refused():
     result = invoke("chat", "--top-k", "0")
     assert result.exit_code == 2 and "--top-k" in result.plain

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import sqlite3
 import threading
@@ -138,6 +139,50 @@ def test_a_newer_format_is_refused(tmp_path):
         db.execute("PRAGMA user_version = 99")
     with pytest.raises(InputError, match="format 99 is newer"):
         ChatStore(path)
+
+
+def _foreign_db(path: Path, user_version: int = 0) -> Path:
+    """Another application's SQLite file: its own table, rollback journal, its own user_version."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+        db.execute("INSERT INTO notes (text) VALUES ('keep me')")
+        db.execute(f"PRAGMA user_version = {user_version}")
+        db.commit()
+    return path
+
+
+@pytest.mark.parametrize("user_version", [0, 1, 3])
+def test_another_applications_sqlite_file_is_refused_untouched(tmp_path, user_version):
+    """No table added, no WAL switch, no user_version written: the file is opened read-only first."""
+    path = _foreign_db(tmp_path / "other-app.db", user_version)
+    before = path.read_bytes()
+    with pytest.raises(InputError) as e:
+        ChatStore(path)
+    assert str(path) in str(e.value) and "not a dgpo-edge chat history" in str(e.value)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other-app.db"]   # no -wal, no -shm
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert db.execute("PRAGMA user_version").fetchone()[0] == user_version
+
+
+def test_a_file_with_this_apps_tables_but_another_schema_is_refused(tmp_path):
+    path = tmp_path / "chats.sqlite"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.executescript("CREATE TABLE chats (id INTEGER PRIMARY KEY, name TEXT);"
+                         "CREATE TABLE exchanges (id INTEGER PRIMARY KEY); PRAGMA user_version = 1;")
+    before = path.read_bytes()
+    with pytest.raises(InputError, match="not a dgpo-edge chat history"):
+        ChatStore(path)
+    assert path.read_bytes() == before
+
+
+def test_an_empty_file_becomes_a_chat_history(tmp_path):
+    path = tmp_path / "new.sqlite"
+    path.touch()
+    store = ChatStore(path)
+    store.add_exchange(store.create_chat("q"), exchange("q"))
+    assert [c.title for c in ChatStore(path).list_chats()] == ["q"]
 
 
 def test_a_corrupt_exchange_names_the_chat(tmp_path):

@@ -296,6 +296,17 @@ def test_non_utf8(tmp_path):
     assert "line 2" in str(err.value) and "not UTF-8" in str(err.value)
 
 
+def test_byte_order_mark_is_accepted_by_detection_and_the_cli(tmp_path):
+    """Files saved by editors that add a UTF-8 BOM read like any other (`data inspect` too)."""
+    from cli_helpers import invoke
+
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"question": "q", "golden_answers": ["a"]}).encode() + b"\n")
+    assert detect_format(path) == "flashrag" and read_qa(path)[0].question == "q"
+    r = invoke("data", "inspect", path, "--json")
+    assert r.exit_code == 0, r.output
+
+
 @pytest.mark.parametrize("name", ["missing.jsonl", "missing.parquet"])
 def test_missing_file(tmp_path, name):
     path = tmp_path / name

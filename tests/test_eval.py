@@ -105,6 +105,60 @@ def test_eval_resume_runs_only_missing_questions(engine_script, index_dir: Path,
     assert r.exit_code == 0 and len((out / PREDICTIONS).read_text().splitlines()) == 3
 
 
+@pytest.mark.parametrize("damage", [b"\n", b"{not json\n", b'{"no_key": 1}\n'])
+def test_eval_resume_refuses_a_damaged_line_before_the_last(engine_script, index_dir: Path, tmp_path: Path,
+                                                           damage: bytes):
+    """Only a torn last line is dropped on resume; damage before it is refused and nothing is cut."""
+    turns, model, _ = engine_script
+    turns += SCRIPT
+    data = write_questions(tmp_path / "fbqa.jsonl")
+    out = tmp_path / "out"
+    assert invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out).exit_code == 0
+    lines = (out / PREDICTIONS).read_bytes().splitlines(keepends=True)
+    damaged = lines[0] + damage + b"".join(lines[1:])
+    (out / PREDICTIONS).write_bytes(damaged)
+    run_json = (out / "run.json").read_bytes()
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out)
+    assert_one_line_error(r, f"{PREDICTIONS}, line 2", "--overwrite")
+    assert (out / PREDICTIONS).read_bytes() == damaged and (out / "run.json").read_bytes() == run_json
+
+
+def test_eval_refuses_a_second_run_into_the_same_folder(engine_script, index_dir: Path, tmp_path: Path):
+    """Two evals into one --out would both write every record: the second is refused at once."""
+    import threading
+
+    data = write_questions(tmp_path / "fbqa.jsonl")
+    out = tmp_path / "out"
+    started, release = threading.Event(), threading.Event()
+    engine = ScriptedEngine(SCRIPT)
+    results: list = []
+
+    def first() -> None:
+        with Agent(engine, ListRetriever([Passage("0", '"Peru"\nLima')])) as agent:
+            results.append(evaluate(agent, load_questions([data]), out,
+                                    on_start=lambda done, total: started.set(),
+                                    on_record=lambda rec, done, total: release.wait(30)))
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    try:
+        assert started.wait(30)
+        second = Agent(ScriptedEngine(SCRIPT), ListRetriever([Passage("0", '"Peru"\nLima')]))
+        with pytest.raises(InputError, match="another eval"):
+            evaluate(second, load_questions([data]), out)
+        _, model, _ = engine_script
+        r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out)
+        assert_one_line_error(r, "another eval", str(out))
+    finally:
+        release.set()
+        worker.join(60)
+    assert results and results[0]["n"] == 3
+    assert len((out / PREDICTIONS).read_text().splitlines()) == 3
+    # once the first run is over, the folder is free again
+    again = Agent(ScriptedEngine([]), ListRetriever([Passage("0", '"Peru"\nLima')]))
+    assert evaluate(again, load_questions([data]), out)["n"] == 3
+
+
 def test_eval_arc_evidence_modes(index_dir: Path, tmp_path: Path):
     from dgpo_edge.retrieval.retrievers import open_index
 

@@ -27,6 +27,8 @@ from dgpo_edge.protocol import Passage  # noqa: E402
 from dgpo_edge.retrieval import dense  # noqa: E402
 from dgpo_edge.retrieval.base import Encoder, EncoderSpec  # noqa: E402
 from dgpo_edge.retrieval.build import (  # noqa: E402
+    WORK_DIR,
+    WORK_MARKER,
     build_index,
     chunk_path,
     load_manifest,
@@ -583,6 +585,59 @@ def test_existing_output_refused_without_overwrite(corpus, built, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match="not a folder"):
         build_index(corpus, tmp_path / "file", kind="bm25")
+
+
+def test_a_work_folder_the_tool_did_not_make_is_never_touched(corpus, tmp_path):
+    """DIR/.work holding someone's files is refused (overwrite or not), not emptied."""
+    from cli_helpers import assert_one_line_error, invoke
+
+    out = tmp_path / "index"
+    theirs = out / WORK_DIR
+    theirs.mkdir(parents=True)
+    (theirs / "thesis.tex").write_text("three years of work")
+    (theirs / "state.json").write_text("{}")
+    for overwrite in (False, True):
+        with pytest.raises(InputError, match="did not make") as e:
+            build_index(corpus, out, kind="bm25", overwrite=overwrite)
+        assert e.value.path == str(theirs)
+    assert_one_line_error(invoke("index", "build", corpus, "--out", out, "--kind", "bm25"),
+                          str(theirs), "did not make")
+    assert sorted(p.name for p in theirs.iterdir()) == ["state.json", "thesis.tex"]
+    assert (theirs / "thesis.tex").read_text() == "three years of work"
+    assert sorted(p.name for p in out.iterdir()) == [WORK_DIR]
+
+
+def test_a_symlinked_work_folder_is_refused(corpus, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("x")
+    out = tmp_path / "index"
+    out.mkdir()
+    (out / WORK_DIR).symlink_to(elsewhere)
+    with pytest.raises(InputError, match="did not make"):
+        build_index(corpus, out, kind="bm25")
+    assert [p.name for p in elsewhere.iterdir()] == ["keep.txt"]
+
+
+def test_marked_or_empty_work_folders_are_used_and_removed(corpus, tmp_path):
+    """The tool's own (marked) work folder is resumed and cleared; an empty one is adopted."""
+    out = tmp_path / "index"
+    with pytest.raises(Crash):
+        build_index(corpus, out, kind="bm25", progress=lambda s, d, t: _raise_at_write(s))
+    assert (out / WORK_DIR / WORK_MARKER).is_file()
+    assert build_index(corpus, out, kind="bm25")["count"] == N
+    assert not (out / WORK_DIR).exists()
+    for name, files in (("empty", []), ("lock-only", [".lock"])):
+        other = tmp_path / name
+        (other / WORK_DIR).mkdir(parents=True)
+        for f in files:
+            (other / WORK_DIR / f).touch()
+        assert build_index(corpus, other, kind="bm25")["count"] == N and not (other / WORK_DIR).exists()
+
+
+def _raise_at_write(stage: str) -> None:
+    if stage == "write":
+        raise Crash()
 
 
 def test_options_that_need_more_passages_fail_before_embedding(corpus, minilm, tmp_path):

@@ -126,3 +126,36 @@ def test_cli_missing_model_and_bad_trajectories(tmp_path):
                            f"data: {{train: {tmp_path / 't.jsonl'}}}\n")
     assert_one_line_error(invoke("train", "sft", "--config", path), "no-model", "no such model")
     assert not (tmp_path / "run").exists()  # nothing written before the inputs are known good
+
+
+RL_GOOD = GOOD + "data: {train: t.jsonl, retriever: corpus.jsonl}\nteacher: {path: t}\n"
+
+
+@pytest.mark.parametrize("text, overrides, key", [
+    (GOOD + "optim: {lr: .nan}\n", [], "optim.lr"),
+    (GOOD + "optim: {lr: .inf}\n", [], "optim.lr"),
+    (GOOD, ["optim.lr=nan"], "optim.lr"),
+    (GOOD, ["optim.lr=inf"], "optim.lr"),
+    (GOOD, ["optim.grad_clip=-inf"], "optim.grad_clip"),
+    (GOOD, ["optim.epochs=1e999"], "optim.epochs"),
+    (GOOD, ["model.random_init={rope_theta: .inf}"], "model.random_init.rope_theta"),
+])
+def test_non_finite_numbers_are_refused(tmp_path, text, overrides, key):
+    with pytest.raises(InputError) as info:
+        load_config(SFTConfig, _yaml(tmp_path, text), overrides)
+    assert f"'{key}'" in str(info.value) and "finite" in str(info.value)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("teacher.beta=nan", "teacher.beta"), ("teacher.beta=inf", "teacher.beta"),
+    ("optim.lr=inf", "optim.lr"), ("ppo.kl_ref=.inf", "ppo.kl_ref"),
+    ("rollout.top_p=nan", "rollout.top_p"),
+])
+def test_rl_non_finite_numbers_are_refused(tmp_path, override, key):
+    from dgpo_edge.train.rl_config import load_rl_config
+
+    path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
+    load_rl_config("dgpo", path, ["rollout.prompts_per_step=256"])   # the base is valid
+    with pytest.raises(InputError) as info:
+        load_rl_config("dgpo", path, [override])
+    assert f"'{key}'" in str(info.value) and "finite" in str(info.value)

@@ -3,7 +3,7 @@
 A config is a tree of small section dataclasses (`run`, `model`, `data`, `optim`,
 `eval`, `log`, and `kd` for distillation). YAML mirrors that tree; an override
 names a leaf with a dotted key (`optim.lr=2e-5`). Every problem - an unknown key,
-a wrong type, a value out of range - raises InputError naming the YAML file and
+a wrong type, a value out of range, a nan or infinite number anywhere - raises InputError naming the YAML file and
 the key, which the CLI prints as one `error:` line with exit status 2.
 
 The resolved config (after overrides) is written into the run directory, so a
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -185,8 +186,28 @@ def load_config(cls: type, path: str | Path, overrides: list[str] = (), validato
     config = _build(cls, raw, path, prefix="")
     for item in overrides:
         apply_override(config, item, path)
+    refuse_non_finite(config, path)
     (validator or validate)(config, path)
     return config
+
+
+def refuse_non_finite(value: Any, path: Path | str, key: str = "") -> None:
+    """InputError for a nan or infinite number anywhere in the config, nested mappings included.
+
+    One walk over the whole tree rather than a check per field: range checks written as
+    `x < 0` let nan through, and a field added later is covered without remembering to.
+    """
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            refuse_non_finite(getattr(value, f.name), path, f"{key}.{f.name}" if key else f.name)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            refuse_non_finite(v, path, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            refuse_non_finite(v, path, f"{key}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"key {key!r} must be a finite number, got {value}", path)
 
 
 def apply_override(config: Any, item: str, where: Path | str) -> None:

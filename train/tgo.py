@@ -27,7 +27,7 @@ from typing import Any
 
 from ..datasets import QAExample
 from ..errors import InputError
-from ..jsonio import read_jsonl
+from ..jsonio import cut_torn_last_line, read_jsonl
 from ..retrieval.base import Retriever
 from .rollout import Rollout, RolloutConfig, generate_rollouts, make_engine
 
@@ -61,24 +61,13 @@ def trajectory_row(example: QAExample, rollout: Rollout, sample: int, teacher: s
             "sample": sample, "teacher": teacher, "searches": rollout.n_searches}
 
 
-def _cut_torn_line(path: Path) -> None:
-    """Drop a last line without its newline (a write cut short by a crash)."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data.endswith(b"\n"):
-            return
-        f.truncate(data.rfind(b"\n") + 1)
-
-
 def done_ids(out: str | Path) -> set[str]:
     """Questions already handled: named in the progress file or in the output."""
     done: set[str] = set()
     for path in (Path(out), progress_path(out)):
         if not path.is_file():
             continue
-        _cut_torn_line(path)
+        cut_torn_last_line(path)
         for line, row in read_jsonl(path):
             if "id" not in row:
                 raise InputError("row has no 'id'; not a `train tgo` file", path, line)

@@ -13,7 +13,6 @@ thread worker too; the worker turns agent events into typed messages
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -26,12 +25,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Header, Input
 from textual.worker import Worker
 
-from dgpo_edge.errors import InputError
-
 from . import messages as msg
 from .exchange import Exchange, Recorder
 from .screens import HistoryScreen, Settings, SettingsScreen
-from .storage import ChatStore
+from .storage import HISTORY_ERRORS, ChatStore
 from .widgets import ExchangeView, Status, StatusBar
 
 AgentFactory = Callable[[], Any]
@@ -205,7 +202,7 @@ class ChatApp(App[None]):
         except KeyError:  # the chat was deleted from another window: start a new one
             self.chat_id = None
             self._save(exchange)
-        except (InputError, sqlite3.Error) as e:  # a broken history must not end the session
+        except HISTORY_ERRORS as e:  # a broken history must not end the session
             self.notify(f"The chat was not saved: {e}", severity="error", timeout=10)
 
     async def _redraw(self) -> None:
@@ -240,6 +237,9 @@ class ChatApp(App[None]):
             exchanges = self.store.load_chat(chat_id)
         except KeyError:
             self.notify("That chat was deleted.", severity="warning")
+            return
+        except HISTORY_ERRORS as e:   # the conversation on screen stays as it is
+            self.notify(f"That chat cannot be opened: {e}", severity="error", timeout=10)
             return
         await self.show_chat(chat_id, exchanges)
 

@@ -14,7 +14,7 @@ from textual.validation import Integer
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from .storage import ChatStore, ChatSummary
+from .storage import HISTORY_ERRORS, ChatStore, ChatSummary
 
 MAX_TOP_K = 20
 MAX_TURNS = 16
@@ -63,7 +63,12 @@ class HistoryScreen(ModalScreen[int | None]):
         chats = self.query_one("#chats", OptionList)
         keep = chats.highlighted
         chats.clear_options()
-        summaries = self.store.list_chats()
+        try:
+            summaries = self.store.list_chats()
+        except HISTORY_ERRORS as e:   # a damaged history: say so here, the app goes on
+            chats.add_option(Option("The chat history cannot be read.", disabled=True))
+            self.notify(str(e), title="Chat history", severity="error", timeout=10)
+            return
         chats.add_options(Option(chat_label(c), id=str(c.id)) for c in summaries)
         if summaries:
             chats.highlighted = min(keep or 0, len(summaries) - 1)
@@ -78,7 +83,10 @@ class HistoryScreen(ModalScreen[int | None]):
     def action_delete(self) -> None:
         option = self.query_one("#chats", OptionList).highlighted_option
         if option is not None and option.id is not None:
-            self.store.delete_chat(int(option.id))
+            try:
+                self.store.delete_chat(int(option.id))
+            except HISTORY_ERRORS as e:
+                self.notify(f"The chat was not deleted: {e}", severity="error", timeout=10)
             self.reload()
 
 

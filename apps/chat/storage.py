@@ -10,11 +10,17 @@ operation opens its own short-lived connection, the database runs in WAL mode
 with a busy timeout, and writes take the write lock up front
 (`BEGIN IMMEDIATE`) so a read-then-write such as numbering an exchange cannot
 interleave with another writer's.
+
+An existing file is first opened read-only and used only when it has this
+app's tables and format (`PRAGMA user_version`); anything else (another
+application's database, a newer format) is refused untouched. A missing or
+empty file becomes a new history.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -22,12 +28,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.request import pathname2url
 
 from dgpo_edge.errors import InputError
 
 from .exchange import Exchange
 
 FILE_NAME = "chats.sqlite"
+# What a damaged history file raises from any ChatStore call: the app shows it and goes on.
+HISTORY_ERRORS = (InputError, sqlite3.Error)
 SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -44,6 +53,9 @@ CREATE TABLE IF NOT EXISTS exchanges (
     PRIMARY KEY (chat_id, position)
 );
 """
+# The columns of each table, in order: an existing file must have exactly these to be used.
+_TABLES = {"chats": ["id", "title", "created", "updated"],
+           "exchanges": ["chat_id", "position", "created", "body"]}
 
 
 def default_path() -> Path:
@@ -82,13 +94,41 @@ class ChatStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InputError(f"cannot create the chat history folder ({e.strerror})", self.path.parent) from None
-        with self._connect() as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise InputError(f"chat history format {version} is newer than this dgpo-edge reads "
-                                 f"({SCHEMA_VERSION})", self.path)
+        if self._check_existing():
+            return
+        with self._connect() as db:   # a new (or empty) file: make it a chat history
             db.executescript(_SCHEMA)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _check_existing(self) -> bool:
+        """True for an existing chat history of this format, False for no file or an empty one.
+
+        Read-only, so a file that is not ours (another application's database) is refused
+        before anything could change it: no table created, no WAL switch, no pragma written.
+        """
+        if not self.path.exists() or (self.path.is_file() and self.path.stat().st_size == 0):
+            return False
+        uri = "file:" + pathname2url(str(self.path.resolve())) + "?mode=ro"
+        try:
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=self.timeout_s)) as db:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                tables = {name: [c[1] for c in db.execute(f"PRAGMA table_info('{name}')")]
+                          for name in _TABLES}
+                empty = db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+        except sqlite3.DatabaseError as e:
+            raise InputError(f"not a readable chat history ({e})", self.path) from None
+        if empty and version == 0:
+            return False
+        if tables != _TABLES:
+            raise InputError("not a dgpo-edge chat history (it lacks this app's tables): refused, left "
+                             "unchanged; give --history another file", self.path)
+        if version > SCHEMA_VERSION:
+            raise InputError(f"chat history format {version} is newer than this dgpo-edge reads "
+                             f"({SCHEMA_VERSION})", self.path)
+        if version != SCHEMA_VERSION:
+            raise InputError(f"not a dgpo-edge chat history (format {version}, expected {SCHEMA_VERSION}): "
+                             "refused, left unchanged", self.path)
+        return True
 
     # --- writing ------------------------------------------------------------------
 
@@ -137,10 +177,12 @@ class ChatStore:
         out = []
         for position, body in rows:
             try:
-                out.append(Exchange.from_dict(json.loads(body)))
-            except (ValueError, KeyError, TypeError) as e:
+                exchange = Exchange.from_dict(json.loads(body))
+                _check_types(exchange)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise InputError(f"chat {chat_id}, exchange {position} is corrupt ({type(e).__name__}: {e})",
                                  self.path) from None
+            out.append(exchange)
         return out
 
     # --- connections ----------------------------------------------------------------
@@ -174,6 +216,28 @@ class ChatStore:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+
+
+_TYPES = {"str": (str,), "None": (type(None),), "int": (int,), "float": (int, float), "bool": (bool,)}
+
+
+def _check_types(obj: object) -> None:
+    """TypeError unless every field of a loaded Exchange (and its Steps and Sources) has its declared type.
+
+    A stored body can parse as JSON and still hold, say, a number for the question; the
+    widgets would fail on it while drawing, taking the app down, so it is caught here.
+    """
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        value, hint = getattr(obj, f.name), str(f.type)
+        if hint.startswith("list["):
+            if not isinstance(value, list):
+                raise TypeError(f"{f.name} must be a list")
+            for item in value:
+                _check_types(item)
+            continue
+        allowed = tuple(t for part in hint.split("|") for t in _TYPES[part.strip()])
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise TypeError(f"{f.name} must be {hint}, got {type(value).__name__}")
 
 
 def _title(question: str, width: int = 60) -> str:

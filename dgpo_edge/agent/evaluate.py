@@ -8,6 +8,10 @@ hit, turns, invalid turns, answered), the stop reason, timings and the search
 queries. A rerun with the same `OUT` skips the questions already there (key:
 dataset + id), so an interrupted evaluation continues where it stopped;
 `OUT/run.json` records the settings and a rerun with other settings is refused.
+Only a torn last line of predictions.jsonl (a crash mid-write) is dropped on
+resume; a damaged line before it is refused, leaving the file as it is. A run
+holds an exclusive lock on `OUT` (`OUT/.lock`): a second one into the same
+folder is refused at once instead of writing every record twice.
 
 With `arc=True`, questions that carry gold evidence passage ids (FactbookQA's
 `evidence`) also run the evidence-given modes of the DGPO paper: the gold
@@ -33,7 +37,8 @@ from typing import Any
 from .. import arc, metrics
 from ..datasets import QAExample, read_qa
 from ..errors import InputError
-from ..jsonio import write_json, write_text
+from ..jsonio import cut_torn_last_line, iter_lines, parse_json_line, write_json, write_text
+from ..locks import folder_lock
 from ..protocol import Passage
 from .agent import Agent
 
@@ -76,28 +81,37 @@ def key(ex: QAExample) -> str:
 
 
 def _done_records(path: Path) -> dict[str, dict[str, Any]]:
-    """Records already in predictions.jsonl; a torn last line (crash mid-write) is dropped."""
+    """Records already in predictions.jsonl, read in bounded lines (`jsonio.iter_lines`).
+
+    A torn last line (a crash mid-write: no newline) is cut off so appends start on a clean
+    line. Any other damage - a blank, malformed or key-less line anywhere, or a torn line
+    that is not the last - is refused naming the line, and the file is left as it is:
+    dropping it and what follows would silently lose records.
+    """
     if not path.is_file():
         return {}
     done: dict[str, dict[str, Any]] = {}
-    raw = path.read_bytes()
-    good = 0
-    for line in raw.splitlines(keepends=True):
+    for lineno, raw in iter_lines(path):
+        if not raw.endswith(b"\n"):   # only the last line can lack its newline
+            break
         try:
-            rec = json.loads(line)
-        except ValueError:
-            break
-        if not line.endswith(b"\n") or not isinstance(rec, dict) or "key" not in rec:
-            break
+            rec = parse_json_line(raw, path, lineno)
+        except InputError as e:
+            raise _damaged(path, lineno, e.message) from None
+        if rec is None or not isinstance(rec.get("key"), str):
+            raise _damaged(path, lineno, "a blank line" if rec is None else 'a record without "key"')
         done[rec["key"]] = rec
-        good += len(line)
-    if good != len(raw):  # cut the torn tail so appends start on a clean line
-        with open(path, "r+b") as f:
-            f.truncate(good)
+    cut_torn_last_line(path)   # only now that the lines before it all proved sound
     return done
 
 
+def _damaged(path: Path, lineno: int, what: str) -> InputError:
+    return InputError(f"damaged predictions ({what}); only a torn last line is dropped on resume: "
+                      "repair the file, or pass --overwrite to start over", path, lineno)
+
+
 def _check_run(out: Path, settings: dict[str, Any], overwrite: bool) -> None:
+    """Refuse an output folder holding other settings' predictions (or clear it for --overwrite)."""
     run = out / RUN
     if overwrite:
         for name in (PREDICTIONS, RUN, REPORT_JSON, REPORT_MD):
@@ -112,7 +126,6 @@ def _check_run(out: Path, settings: dict[str, Any], overwrite: bool) -> None:
                              "another --out", out)
     elif (out / PREDICTIONS).is_file():
         raise InputError(f"holds {PREDICTIONS} without {RUN}; pass --overwrite to start over", out)
-    write_json(run, settings)
 
 
 def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool = False,
@@ -128,8 +141,6 @@ def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool
     the same predictions. `on_start(done, total)` is called once the output
     folder is checked, `on_record(record, done, total)` after each question.
     """
-    from ..engines.base import GREEDY
-
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
         raise InputError("the output path exists and is not a folder", out)
@@ -137,9 +148,24 @@ def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool
     settings = {**(settings or {}), "arc": run_arc, "top_k": agent.config.top_k,
                 "max_turns": agent.config.max_searches, "max_turn_tokens": agent.config.max_turn_tokens,
                 "max_obs_tokens": agent.config.max_obs_tokens, "max_total_tokens": agent.config.max_total_tokens}
-    _check_run(out, settings, overwrite)
-    pred_path = out / PREDICTIONS
-    done = _done_records(pred_path)
+    with folder_lock(out, "another eval is writing into this folder"):
+        _check_run(out, settings, overwrite)
+        pred_path = out / PREDICTIONS
+        done = _done_records(pred_path)   # before run.json is written: a refusal leaves the folder as it was
+        write_json(out / RUN, settings)
+        _predict(agent, questions, pred_path, done, run_arc, on_record, on_start)
+        wanted = [done[key(ex)] for ex in questions.examples]
+        report = make_report(wanted, {**settings, "data": questions.files})
+        write_json(out / REPORT_JSON, report)
+        write_text(out / REPORT_MD, report_markdown(report))
+    return report
+
+
+def _predict(agent: Agent, questions: EvalSet, pred_path: Path, done: dict[str, dict[str, Any]],
+             run_arc: bool, on_record: OnRecord | None, on_start: Callable[[int, int], None] | None) -> None:
+    """Run every question not in `done`, appending its record (flushed and fsynced) as it finishes."""
+    from ..engines.base import GREEDY
+
     agent.sampling = GREEDY
     store = passage_store(agent.retriever) if run_arc else None
     total = len(questions.examples)
@@ -158,11 +184,6 @@ def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool
             n_done += 1
             if on_record is not None:
                 on_record(rec, n_done, total)
-    wanted = [done[key(ex)] for ex in questions.examples]
-    report = make_report(wanted, {**settings, "data": questions.files})
-    write_json(out / REPORT_JSON, report)
-    write_text(out / REPORT_MD, report_markdown(report))
-    return report
 
 
 def run_one(agent: Agent, ex: QAExample, store: Any = None) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """`dgpo-edge eval --data FILE ...`: batch evaluation of the agent, greedy, resumable.
 
 Writes into `--out` (default `out/eval`): `predictions.jsonl` (one line per
-question, appended as it finishes; a rerun skips what is there), `run.json`
+question, appended as it finishes; a rerun skips what is there, and refuses a
+damaged line other than a torn last one), `run.json`
 (the settings; a rerun with others is refused unless `--overwrite`),
 `report.json` and `report.md` (EM, F1, cover-EM and the ARC figures per dataset
-and on average). See `dgpo_edge/agent/evaluate.py`.
+and on average). A run locks `--out`: a second one into it is refused. See
+`dgpo_edge/agent/evaluate.py`.
 """
 
 from __future__ import annotations

@@ -30,7 +30,10 @@ unknown): "fingerprint" (corpus bytes hashed), "store" (passages stored),
 "embed" (passages embedded, including chunks found done), "train" (0/1, 1/1),
 "add" (vectors added), "write" (0/1, 1/1).
 
-Resuming. Work happens in `DIR/.work/`: the store is built there first (one
+Resuming. Work happens in `DIR/.work/`, marked as the tool's by the file
+`.work/.dgpo-edge-work`; a `.work` without that marker (someone else's files,
+or a link) is refused and never emptied; an empty one (or one holding only
+the lock file) is adopted. The store is built there first (one
 streaming pass, `PassageStore.build`), then passages are read back from it
 `chunk` rows at a time, embedded, and saved as `emb-{i:06d}.npy` (written
 atomically, normalised float32). `state.json` records the corpus fingerprint
@@ -70,6 +73,7 @@ import numpy as np
 
 from .. import __version__, jsonio
 from ..errors import InputError
+from ..locks import LOCK_FILE, folder_lock
 from .base import Encoder, EncoderSpec
 from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, file_digest, write_manifest
 from .corpus import DEFAULT_WORDS, _text_files, detect_format, iter_corpus, size_hint
@@ -78,9 +82,9 @@ from .store import PassageStore, write_documents
 
 KINDS = ("flat", "ivfpq", "bm25", "hybrid")
 WORK_DIR = ".work"
+WORK_MARKER = ".dgpo-edge-work"
 STATE_FILE = "state.json"
 STATE_VERSION = 1
-LOCK_FILE = ".lock"
 BUILD_FILES = (STORE_FILE, INDEX_FILE, MANIFEST_FILE)  # what an index folder holds
 
 UNKNOWN_COUNT = 1 << 40  # stands for "any number of passages" in early option checks
@@ -135,8 +139,7 @@ def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder
         dense.plan_index(kind, encoder.spec.dim, UNKNOWN_COUNT, nlist=nlist, pq=pq, opq=opq, nprobe=nprobe)
 
     created = not out.exists()
-    work = out / WORK_DIR
-    work.mkdir(parents=True, exist_ok=True)
+    work = claim_work_folder(out)
     with _locked(work):
         state = _open_state(work, corpus_fingerprint(corpus, fmt, emit))
         store = _ensure_store(corpus, work, state, bm25, emit, created, out)
@@ -209,6 +212,28 @@ def source_fingerprint(name: str, fmt: str, entries: list[tuple[str, int, str]])
             "bytes": sum(size for _, size, _ in entries), "sha256": h.hexdigest()}
 
 
+def claim_work_folder(out: Path) -> Path:
+    """`out/.work`, made and marked here, or found marked (or empty); InputError otherwise.
+
+    The work folder is emptied when the corpus changes and removed when the build ends, so
+    only a folder this tool made may be used: a `.work` holding anyone else's files (or a
+    link to another folder) is refused, with or without --overwrite.
+    """
+    work = out / WORK_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir()
+    except FileExistsError:
+        # ours: marked, or holding nothing but a lock file (nothing of anyone's to lose)
+        if work.is_symlink() or not work.is_dir() or not (
+                (work / WORK_MARKER).is_file() or {p.name for p in work.iterdir()} <= {LOCK_FILE}):
+            raise InputError(f"dgpo-edge did not make this folder (no {WORK_MARKER} marker) and a build "
+                             "would empty it; move it out of the way", work) from None
+    (work / WORK_MARKER).write_text("made by `dgpo-edge index build`: its resumable work, removed when the "
+                                    "build ends\n", encoding="utf-8")
+    return work
+
+
 def _open_state(work: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
     """The work folder's state, emptied first when it belongs to another corpus (or is unreadable)."""
     try:
@@ -229,9 +254,9 @@ def _save_state(work: Path, state: dict[str, Any]) -> None:
 
 
 def _clear(work: Path, pattern: str = "*") -> None:
-    """Remove what `pattern` matches in the work folder (never the lock file)."""
+    """Remove what `pattern` matches in the work folder (never the lock file or the marker)."""
     for p in work.glob(pattern):
-        if p.name == LOCK_FILE:
+        if p.name in (LOCK_FILE, WORK_MARKER):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
@@ -240,23 +265,9 @@ def _clear(work: Path, pattern: str = "*") -> None:
                 p.unlink()
 
 
-@contextlib.contextmanager
-def _locked(work: Path) -> Iterator[None]:
+def _locked(work: Path) -> contextlib.AbstractContextManager[None]:
     """Hold an exclusive lock on the work folder: two builds into one folder would trample each other."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no advisory locks here; builds are still atomic per file
-        yield
-        return
-    with open(work / LOCK_FILE, "a+b") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError("another build is writing into this folder", work.parent) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return folder_lock(work, "another build is writing into this folder", LOCK_FILE, where=work.parent)
 
 
 # --- stage 1: the passage store ---------------------------------------------------------------------

@@ -77,7 +77,7 @@ import numpy as np
 
 from .. import __version__, jsonio
 from ..errors import InputError
-from ..jsonio import file_digest, require_file
+from ..jsonio import file_digest, iter_lines, require_file
 from .base import EncoderSpec
 from .corpus import count_lines, iter_jsonl_corpus
 from .store import PassageStore
@@ -472,8 +472,7 @@ def _check_corpus_count(corpus: Path, n: int, flat_path: Path) -> None:
     require_file(corpus)
     lines = count_lines(corpus)
     if lines != n:
-        with open(corpus, "rb") as f:
-            lines = sum(1 for line in f if line.strip())
+        lines = sum(1 for _, raw in iter_lines(corpus) if raw.strip())   # bounded lines, as the reader
     if lines != n:
         raise InputError(f"{lines:,} passages (non-blank lines) but the Flat index {flat_path} holds "
                          f"{n:,} vectors; row i of the index must be line i of the corpus", corpus)
