@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import console, user_errors
+from .common import console, needs_extra, user_errors
 from .export_bundle import bundle_command
 
 app = typer.Typer(help="Export a checkpoint to GGUF (llama.cpp) or ONNX (onnxruntime-genai), checked.",
@@ -32,6 +32,7 @@ def _fail_if(result: dict, strict: bool) -> None:
 
 
 @app.command("gguf")
+@needs_extra("export", "gguf", "transformers")
 @user_errors
 def gguf_command(
     model: str = typer.Argument(..., help="A transformers checkpoint directory (or a hub id, with a hub)."),
@@ -64,6 +65,7 @@ def gguf_command(
 
 
 @app.command("onnx")
+@needs_extra("export", "onnxruntime_genai", "onnx_ir", "onnx", "transformers")
 @user_errors
 def onnx_command(
     model: str = typer.Argument(..., help="A transformers checkpoint directory (or a hub id, with a hub)."),

@@ -10,11 +10,12 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import Progress
 from rich.table import Table
 
 from ..errors import InputError
-from .common import console, user_errors
+from ..progress import add_stage, stage_progress
+from .common import console, err_console, user_errors
 
 app = typer.Typer(help="Build, compact, search and serve retrieval indexes.", no_args_is_help=True)
 
@@ -25,8 +26,7 @@ _STAGES = {"fingerprint": "reading corpus", "store": "storing passages", "embed"
 @contextlib.contextmanager
 def _progress_bar() -> Iterator[Progress]:
     """A live progress display; on bad input it is cleared, so the `error:` line stands alone."""
-    bar = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn(), console=console, transient=False)
+    bar = stage_progress(err_console)   # stderr: stdout keeps only the result
     bar.start()
     try:
         yield bar
@@ -65,7 +65,7 @@ def build(
 
         def progress(stage: str, done: int, total: int | None) -> None:
             if stage not in tasks:
-                tasks[stage] = bar.add_task(_STAGES.get(stage, stage), total=total)
+                tasks[stage] = add_stage(bar, _STAGES.get(stage, stage), stage, done, total)
             bar.update(tasks[stage], completed=done, total=total)
 
         manifest = build_index(corpus, out, encoder_spec=encoder, kind=kind, nlist=nlist, pq=pq, opq=opq,
@@ -94,7 +94,7 @@ def compact(
     # vectors added + passages stored; a missing corpus is left to run_compact's "no such file"
     total = 2 * count_lines(corpus) if corpus.is_file() else None
     with _progress_bar() as bar:
-        task = bar.add_task("compacting", total=total)
+        task = bar.add_task("compacting", total=total, unit="rows")
         report = run_compact(flat, corpus, out, pq=pq, opq=opq, nlist=nlist, nprobe=nprobe,
                              eval_queries=eval_queries, threads=threads,
                              progress=lambda n: bar.advance(task, n),
@@ -107,7 +107,7 @@ def compact(
 def search(
     index: Path = typer.Argument(..., help="Index directory."),
     query: str = typer.Argument(..., help="The query text."),
-    k: int = typer.Option(3, "-k", min=1, max=100, help="Passages to return."),
+    k: int = typer.Option(3, "--top-k", "-k", min=1, max=100, help="Passages to return."),
     as_json: bool = typer.Option(False, "--json", help="Print Search-R1's /retrieve result shape as JSON."),
     kind: Optional[str] = typer.Option(None, help="Override the index's kind: dense (its vectors), bm25 or hybrid."),
     encoder: Optional[str] = typer.Option(None, help="Query encoder (default: the one the index calls for)."),
@@ -138,11 +138,16 @@ def search(
 def info(
     index: Path = typer.Argument(..., help="Index directory."),
     verify: bool = typer.Option(False, help="Also check every file's sha256 (reads every byte)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON (with `verified`)."),
 ) -> None:
     """Show what an index holds: kind, encoder, counts, parameters, files."""
     from ..retrieval.build import verify_files
 
-    _print_info(index, verify_files(index, full=verify), verified=verify)
+    manifest = verify_files(index, full=verify)
+    if as_json:
+        typer.echo(json.dumps({**manifest, "verified": verify}, indent=2, ensure_ascii=False))
+        return
+    _print_info(index, manifest, verified=verify)
 
 
 def _print_info(index: Path, m: dict, verified: bool = False) -> None:
@@ -167,7 +172,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8000, help="Port (0 picks a free one)."),
     kind: Optional[str] = typer.Option(None, help="Override: dense, bm25 or hybrid."),
-    topk: int = typer.Option(3, help="Passages per query when a request gives no topk."),
+    topk: int = typer.Option(3, "--top-k", "-k", min=1, help="Passages per query when a request gives no topk."),
+    old_topk: Optional[int] = typer.Option(None, "--topk", min=1, hidden=True, help="Deprecated: --top-k."),
     max_queries: int = typer.Option(256, help="Largest batch of queries one request may hold."),
     threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads."),
 ) -> None:
@@ -175,5 +181,6 @@ def serve(
     from ..retrieval.retrievers import open_index
     from ..retrieval.server import serve as run_server
 
+    topk = old_topk if old_topk is not None else topk   # the old spelling, hidden from --help
     with open_index(index, kind=kind, threads=threads) as retriever:
         run_server(retriever, host=host, port=port, default_topk=topk, max_queries=max_queries)

