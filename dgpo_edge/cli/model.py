@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from .common import console, needs_extra, user_errors
+from .common import console, err_console, needs_extra, user_errors
 
 app = typer.Typer(help="Make compact student checkpoints: from GGUF, remapped, depth-pruned.",
                   no_args_is_help=True)
@@ -35,7 +35,7 @@ def from_gguf_command(
     from ..train.models import from_gguf, quiet_transformers
 
     quiet_transformers()
-    with console.status(f"dequantizing {file.name}"):
+    with err_console.status(f"dequantizing {file.name}"):
         path = from_gguf(file, out, as_arch=as_arch)
     console.print(f"wrote {path}", highlight=False)
 
@@ -53,7 +53,7 @@ def prune_command(
     from ..train.models import prune_checkpoint, quiet_transformers
 
     quiet_transformers()
-    with console.status(f"pruning {model}"):
+    with err_console.status(f"pruning {model}"):
         path, kept = prune_checkpoint(model, out, keep_layers=keep_layers,
                                       layers=_parse_layers(layers))
     console.print(f"wrote {path}: kept layers {','.join(map(str, kept))}", highlight=False)

@@ -41,9 +41,8 @@ def tgo_command(
                                        help="Wrap the prompt in the tokenizer's chat template."),
 ) -> None:
     """Sample N teacher trajectories per question; keep the correct ones (oracle.jsonl shape)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     from ..datasets import read_qa
+    from ..progress import add_stage, stage_progress
     from ..protocol import ProtocolConfig
     from ..train.rollout import ENGINES, RolloutConfig
     from ..train.sft import open_retriever
@@ -65,9 +64,8 @@ def tgo_command(
         top_p=top_p, seed=seed, batch_size=batch_size, engine=engine, chat_template=chat_template))
     with open_retriever(str(index)) as retriever:  # before the teacher loads: a bad --index fails fast
         model, tokenizer = load_teacher(teacher, device, dtype)
-        with Progress(TextColumn("tgo"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=err_console, transient=True) as bar:
-            task = bar.add_task("questions", total=len(examples))
+        with stage_progress(err_console, transient=True) as bar:
+            task = add_stage(bar, "tgo", "tgo", 0, len(examples))
             stats = generate_teacher_trajectories(model, tokenizer, examples, retriever, out, config,
                                                   teacher=str(teacher), on_chunk=lambda k: bar.advance(task, k))
     console.print(f"{stats.processed} questions sampled ({stats.skipped} already done), "
