@@ -113,3 +113,41 @@ def test_ask_real_smollm2(index_dir: Path):
     assert obj["stop_reason"] in ("answer", "max_turns", "token_budget")
     # KV reuse: prompt tokens evaluated never exceed the transcript's length
     assert obj["timings"]["prompt_tokens"] <= obj["timings"]["transcript_tokens"]
+
+
+def test_gpu_layers_reach_llama_cpp(index_dir: Path):
+    """On a CPU build llama.cpp keeps the value and has nothing to offload to; 0 when not given."""
+    from dgpo_edge.bundle import load_agent
+
+    gguf = smollm2_gguf()
+    with load_agent(model=gguf, index=index_dir, progress=False, threads=1, gpu_layers=3) as agent:
+        assert agent.engine.llm.model_params.n_gpu_layers == 3 and agent.info["gpu_layers"] == 3
+    with load_agent(model=gguf, index=index_dir, progress=False, threads=1) as agent:
+        assert agent.engine.llm.model_params.n_gpu_layers == 0 and agent.info["gpu_layers"] == 0
+
+
+@pytest.mark.parametrize("command", ["ask", "eval", "chat"])
+def test_gpu_layers_option_reaches_the_engine(command, monkeypatch, index_dir: Path, tmp_path: Path):
+    seen: list[dict] = []
+
+    def fake_open_engine(path, n_ctx=4096, threads=None, **kw):
+        seen.append(kw)
+        return ScriptedEngine(list(TURNS), n_ctx=n_ctx)
+
+    monkeypatch.setattr(dgpo_edge.engines, "open_engine", fake_open_engine)
+    model = tmp_path / "scripted.gguf"
+    model.write_bytes(b"GGUF")
+    if command == "chat":   # the app is built, not run (no terminal here)
+        pytest.importorskip("textual")
+        from dgpo_edge.cli.chat import build_app
+
+        build_app(model=model, index=index_dir, history=tmp_path / "h.sqlite", gpu_layers=5)
+    elif command == "ask":
+        assert invoke("ask", "q", "--model", model, "--index", index_dir, "--gpu-layers", 5).exit_code == 0
+    else:
+        data = tmp_path / "q.jsonl"
+        data.write_text('{"id": "1", "question": "capital of Peru?", "golden_answers": ["Lima"]}\n')
+        r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--gpu-layers", 5,
+                   "--out", tmp_path / "ev")
+        assert r.exit_code == 0, r.output
+    assert seen == [{"n_gpu_layers": 5}]

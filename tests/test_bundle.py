@@ -109,6 +109,65 @@ def test_bundle_cli_info_and_verify(tmp_path: Path, hf_model: Path, index_dir: P
     assert json.loads(r.stdout)["index"]["count"] == 12
 
 
+def test_bundle_verify_json(tmp_path: Path, hf_model: Path, index_dir: Path):
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    r = invoke("bundle", "verify", b.path, "--json")
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)   # nothing but the JSON on stdout: the bar is on stderr
+    assert obj == {"ok": True, "path": str(b.path), "files": len(b.manifest["files"]), "bytes": b.total_bytes}
+    (b.path / "index" / "store.sqlite").write_bytes(b"x")
+    assert_one_line_error(invoke("bundle", "verify", b.path, "--json"), "store.sqlite")
+
+
+FULL_PARITY = {"tokenizer_match": True, "n_texts": 12, "max_abs_logit_diff": 0.031, "rel_logit_diff": 0.004,
+               "n_tokens": 640, "logit_tolerance": 0.05, "top1_agreement": 0.9953, "top1_floor": 0.99,
+               "greedy_match": 32, "greedy_n": 32, "passed": True}
+
+
+def test_bundle_info_shows_parity_as_rows(tmp_path: Path, hf_model: Path, index_dir: Path):
+    (hf_model.parent / "student.parity.json").write_text(json.dumps(FULL_PARITY))
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    r = invoke("bundle", "info", b.path)
+    assert r.exit_code == 0, r.output
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in r.plain.splitlines()
+            if line.count("│") >= 3 and "parity" in line.split("│")[1]}
+    assert rows["parity"] == "passed"
+    assert rows["parity tokenizer"] == "identical on 12 texts"
+    assert rows["parity greedy top-1 agreement"] == "99.53% (floor 99%)"
+    assert rows["parity greedy generation"] == "32/32 leading tokens identical"
+    assert "{" not in r.plain   # no raw JSON
+
+
+def test_gpu_layers_recorded_in_the_bundle_and_used_as_the_default(tmp_path: Path, hf_model: Path,
+                                                                   index_dir: Path, monkeypatch):
+    import dgpo_edge.engines
+    from engine_fakes import ScriptedEngine
+
+    seen: list[dict] = []
+
+    def fake_open_engine(path, n_ctx=4096, threads=None, **kw):
+        seen.append(kw)
+        return ScriptedEngine([], n_ctx=n_ctx)
+
+    monkeypatch.setattr(dgpo_edge.engines, "open_engine", fake_open_engine)
+    gguf = smollm2_gguf()   # bundling a GGUF reads its chat template in llama.cpp
+    r = invoke("export", "bundle", "--model", gguf, "--index", index_dir, "--out", tmp_path / "B", "--gpu-layers", 12)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "B" / MANIFEST).read_text())["runtime"] == {"gpu_layers": 12}
+    with load_agent(bundle=tmp_path / "B", progress=False) as agent:
+        assert seen[-1] == {"n_gpu_layers": 12} and agent.info["gpu_layers"] == 12
+    with load_agent(bundle=tmp_path / "B", progress=False, gpu_layers=0):
+        assert seen[-1] == {"n_gpu_layers": 0}   # --gpu-layers overrides the bundle
+    with load_agent(model=gguf, index=index_dir, progress=False):   # no bundle: no offload
+        assert seen[-1] == {"n_gpu_layers": 0}
+    with load_agent(bundle=tmp_path / "B", model=hf_model, progress=False):
+        assert seen[-1] == {}   # the bundle's default is for its own GGUF, not a --model replacing it
+    with pytest.raises(InputError, match="GGUF models"):   # other engines have no such option
+        load_agent(bundle=tmp_path / "B", model=hf_model, progress=False, gpu_layers=4)
+    with pytest.raises(InputError, match=">= -1"):
+        load_agent(bundle=tmp_path / "B", progress=False, gpu_layers=-2)
+
+
 def test_bad_bundles(tmp_path: Path):
     assert_one_line_error(invoke("bundle", "verify", tmp_path / "nope"), "no such bundle folder")
     assert_one_line_error(invoke("bundle", "verify", tmp_path), "not a bundle: no manifest.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -55,6 +56,23 @@ def test_another_applications_database_is_refused_unchanged(tmp_path):
     before = other.read_bytes()
     assert_one_line_error(invoke("chat", "--history", other), str(other), "not a dgpo-edge chat history")
     assert other.read_bytes() == before
+
+
+def test_without_a_terminal_chat_says_so_and_exits_2(tmp_path, monkeypatch):
+    pytest.importorskip("textual")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    line = assert_one_line_error(invoke("chat"), "chat needs a terminal", "dgpo-edge ask")
+    assert "stdin and stdout are not one" in line
+
+
+def test_without_a_terminal_a_real_process_exits_instead_of_hanging(tmp_path):
+    pytest.importorskip("textual")
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "dgpo_edge", "chat"], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: chat needs a terminal") and "Traceback" not in done.stderr
+    assert not (tmp_path / "cache").exists()   # refused before the default bundle is built
 
 
 def test_out_of_range_settings_are_refused():

@@ -138,7 +138,7 @@ def compacted(compact_run) -> Path:
                                       "--eval-queries"]),
     (["index", "search", "--help"], ["INDEX", "QUERY", "-k", "--json", "--kind", "--encoder", "--nprobe"]),
     (["index", "info", "--help"], ["INDEX", "--verify"]),
-    (["index", "serve", "--help"], ["INDEX", "--host", "--port", "--kind", "--topk"]),
+    (["index", "serve", "--help"], ["INDEX", "--host", "--port", "--kind", "--top-k"]),
 ])
 def test_help(args, expected):
     result = invoke(*args)
@@ -200,6 +200,27 @@ def test_search_json_has_search_r1_shape(flat_index):
     scores = [item["score"] for item in items]
     assert scores == sorted(scores, reverse=True)
     assert len({item["document"]["id"] for item in items}) == 3
+
+
+def test_build_progress_is_on_stderr_with_units(flat_run):
+    out, result = flat_run
+    assert "writing files" in result.stderr and "writing files" not in result.stdout
+    assert re.search(r"reading corpus .* [\d.]+/[\d.]+ MB", result.stderr)   # the corpus reader counts bytes
+    assert "4/4 passages" in result.stderr and "ETA" in result.stderr
+
+
+def test_info_json(flat_index):
+    result = invoke("index", "info", flat_index, "--json", "--verify")
+    assert result.exit_code == 0, result.output
+    obj = json.loads(result.stdout)
+    assert obj["verified"] is True and obj["count"] == 4 and obj["kind"] == "flat"
+    assert obj["files"] == manifest(flat_index)["files"]
+
+
+def test_search_top_k_long_and_short_forms_agree(flat_index):
+    long = invoke("index", "search", flat_index, SHARK, "--top-k", 2, "--json")
+    short = invoke("index", "search", flat_index, SHARK, "-k", 2, "--json")
+    assert long.exit_code == 0 and json.loads(long.stdout)["result"] == json.loads(short.stdout)["result"]
 
 
 def test_info_verify_checks_every_file(flat_index):
@@ -274,8 +295,7 @@ def test_build_jsonl_ivfpq_then_hybrid_over_it(wiki120, tmp_path):
 def test_compact_prints_a_recall_report(compact_run):
     out, result = compact_run
     assert result.exit_code == 0, result.output
-    stdout = _ANSI.sub("", result.stdout)
-    report = json.loads(stdout[stdout.index("\n{") + 1:])
+    report = json.loads(_ANSI.sub("", result.stdout))   # stdout is the report alone: progress and log are on stderr
     assert report["count"] == 1000 and report["dim"] == 768
     assert report["factory"] == "IVF16,PQ96x4"  # --pq 48: 48 code bytes at 4 bits on 1,000 passages
     recall = report["recall"]
@@ -447,8 +467,9 @@ def bm25_index(notes) -> Path:
 @pytest.mark.parametrize(("options", "needles"), [
     (["--port", "99999"], ["--port", "0..65535", "99999"]),
     (["--port", "-1"], ["--port", "0..65535"]),
-    (["--topk", "0"], ["--topk", "1..100"]),
-    (["--topk", "101"], ["--topk", "1..100", "101"]),
+    (["--top-k", "0"], ["--top-k", "1..100"]),
+    (["-k", "101"], ["--top-k", "1..100", "101"]),
+    (["--topk", "0"], ["--top-k", "1..100"]),           # the deprecated spelling is checked the same way
     (["--max-queries", "0"], ["--max-queries", ">= 1"]),
     (["--host", "no-such-host.invalid"], ["no-such-host.invalid", "does not resolve"]),
 ])

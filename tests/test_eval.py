@@ -68,6 +68,19 @@ def test_eval_scores_arc_and_report(engine_script, index_dir: Path, tmp_path: Pa
     assert "fbqa" in r.flat and "report:" in r.flat
 
 
+def test_eval_json_prints_the_report_and_keeps_the_bar_on_stderr(engine_script, index_dir: Path, tmp_path: Path):
+    turns, model, _ = engine_script
+    turns += SCRIPT
+    data = write_questions(tmp_path / "fbqa.jsonl")
+    out = tmp_path / "out"
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out, "--json", "-k", 2)
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report == json.loads((out / "report.json").read_text())
+    assert report["scores"]["average"]["em"] == pytest.approx(2 / 3)
+    assert "evaluating" in r.stderr and "3/3 questions" in r.stderr
+
+
 def test_eval_resume_runs_only_missing_questions(engine_script, index_dir: Path, tmp_path: Path):
     turns, model, engines = engine_script
     data = write_questions(tmp_path / "fbqa.jsonl")

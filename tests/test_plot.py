@@ -175,7 +175,7 @@ def _bad_metric_run(tmp_path: Path) -> Path:
     ("unknown_metric", ["no run has bogus", "available: dev_em, dev_f1, entropy, kl_teacher, loss, reward"]),
     ("labels", ["1 --label value(s) for 2 run folder(s)"]),
     ("smooth", ["--smooth must be at least 1"]),
-    ("no_defaults", ["none of the default metrics", "pick with --metrics from: loss"]),
+    ("no_defaults", ["no metric to plot by default", "pick with --metrics from: epoch, peak_mem_gb"]),
 ])
 def test_cli_errors_exit_2_and_write_nothing(runs, tmp_path, case, needles):
     out = tmp_path / "out" / "c.png"
@@ -194,9 +194,39 @@ def test_cli_errors_exit_2_and_write_nothing(runs, tmp_path, case, needles):
     elif case == "smooth":
         args += ["--smooth", "0"]
     elif case == "no_defaults":
-        args = [write_run(tmp_path, "sft", "step,loss\n1,2.0\n"), "--out", out]
+        args = [write_run(tmp_path, "sft", "step,epoch,peak_mem_gb\n1,0,2.0\n"), "--out", out]
     assert_one_line_error(invoke("plot", *args), *needles)
     assert not out.parent.exists()
+
+
+# An SFT run as train/trainer.py writes it: TRAIN_COLUMNS in metrics.csv, dev_* in eval.csv.
+SFT_COLUMNS = ("step", "epoch", "lr", "loss", "grad_norm", "tokens", "loss_tokens", "tokens_per_s", "elapsed_s",
+               "peak_mem_gb")
+
+
+def test_sft_columns_are_the_trainers():
+    pytest.importorskip("torch")
+    from dgpo_edge.train.trainer import TRAIN_COLUMNS
+
+    assert TRAIN_COLUMNS == SFT_COLUMNS
+
+
+def test_cli_default_panels_of_an_sft_run(tmp_path):
+    rows = ["1,0,2e-05,3.1,1.2,4096,900,1500.0,2.7,0.5", "2,0,2e-05,2.6,1.0,8192,1800,1510.0,5.4,0.5"]
+    sft = write_run(tmp_path, "sft", ",".join(SFT_COLUMNS) + "\n" + "\n".join(rows) + "\n",
+                    "step,dev_em,dev_answered\n2,0.25,0.5\n")
+    out = tmp_path / "sft.png"
+    result = invoke("plot", sft, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "panels: loss, dev_em, lr, grad_norm" in result.flat
+    assert png_size(out) == (1000, 700)
+
+
+def test_cli_default_panels_of_a_run_with_other_columns(tmp_path):
+    run = write_run(tmp_path, "other", "step,epoch,accuracy,margin\n1,0,0.5,1.0\n2,0,0.6,0.9\n")
+    result = invoke("plot", run, "--out", tmp_path / "o.png")
+    assert result.exit_code == 0, result.output
+    assert "panels: accuracy, margin" in result.flat
 
 
 def test_cli_without_matplotlib_says_what_to_install(runs, tmp_path, monkeypatch):

@@ -20,8 +20,14 @@ from dgpo_edge.jsonio import atomic_path
 
 Series = list[tuple[int, float]]
 
-# Panels drawn when --metrics is not given (those that at least one run has).
+# Panels drawn when --metrics is not given (those that at least one run has): RL runs get the RL
+# set; supervised runs (SFT, KD: no reward column) the loss set; anything else its own columns.
 DEFAULT_METRICS = ("reward", "dev_em", "response_length", "kl_teacher", "entropy", "value_loss")
+RL_ONLY = ("reward", "response_length", "kl_teacher", "entropy", "value_loss")
+SUPERVISED_METRICS = ("loss", "dev_em", "dev_f1", "dev_loss", "lr", "grad_norm")
+# Trainer bookkeeping columns, never a default panel (see TRAIN_COLUMNS in train/trainer.py).
+BOOKKEEPING = frozenset({"epoch", "tokens", "loss_tokens", "tokens_per_s", "elapsed_s", "peak_mem_gb"})
+MAX_DEFAULT_PANELS = 6
 TRAIN_CSV, EVAL_CSV = "metrics.csv", "eval.csv"
 # Each panel is PANEL_INCHES at DPI, so the image size follows from the grid alone.
 PANEL_INCHES = (5.0, 3.5)
@@ -179,17 +185,27 @@ def _choose_metrics(runs: list[dict[str, Series]], metrics: Sequence[str] | None
     """The panels: the named metrics (each must be in some run) or the defaults that some run has."""
     available = sorted(set().union(*runs))
     if metrics is None:
-        chosen = [m for m in DEFAULT_METRICS if m in available]
-        if not chosen:
-            raise InputError(f"none of the default metrics ({', '.join(DEFAULT_METRICS)}) is in these runs; "
-                             f"pick with --metrics from: {', '.join(available) or 'none'}")
-        return chosen
+        return default_metrics(available)
     chosen = list(dict.fromkeys(m.strip() for m in metrics if m.strip()))
     if not chosen:
         raise InputError("--metrics names no metric")
     unknown = [m for m in chosen if m not in available]
     if unknown:
         raise InputError(f"no run has {', '.join(unknown)}; available: {', '.join(available) or 'none'}")
+    return chosen
+
+
+def default_metrics(available: Sequence[str]) -> list[str]:
+    """Panels for the columns the runs have: the RL set, else the supervised set, else their own."""
+    if any(m in available for m in RL_ONLY):
+        chosen = [m for m in DEFAULT_METRICS if m in available]
+    else:
+        chosen = [m for m in SUPERVISED_METRICS if m in available]
+    if not chosen:
+        chosen = [m for m in available if m not in BOOKKEEPING][:MAX_DEFAULT_PANELS]
+    if not chosen:
+        raise InputError("no metric to plot by default in these runs (only bookkeeping columns); "
+                         f"pick with --metrics from: {', '.join(available) or 'none'}")
     return chosen
 
 

@@ -565,15 +565,11 @@ def _progress(enabled: bool, total: int, done: int, label: str):
     if not enabled:
         yield lambda loss: None
         return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import TextColumn
 
-    with Progress(TextColumn(f"[bold]train {label}[/]"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(), transient=True) as bar:
-        task = bar.add_task(label, total=total, completed=done, loss="-")
+    from dgpo_edge.progress import add_stage, stage_progress
+
+    # stderr, steps as the unit, an ETA that ignores the steps a resumed run had already done
+    with stage_progress(transient=True, extra=(TextColumn("loss {task.fields[loss]}"),)) as bar:
+        task = add_stage(bar, f"train {label}", "train", done, total, unit="steps", loss="-")
         yield lambda loss: bar.update(task, advance=1, loss=f"{loss:.4f}")

@@ -51,8 +51,9 @@ class AgentPool:
         agents = [first]
         try:
             for _ in range(engines - 1):
+                offload = {"n_gpu_layers": first.info["gpu_layers"]} if first.info.get("gpu_layers") else {}
                 engine = open_engine(first.info["model"], n_ctx=first.engine.n_ctx,
-                                     threads=load_kwargs.get("threads"))
+                                     threads=load_kwargs.get("threads"), **offload)
                 extra = Agent(engine, first.retriever, first.config, timeout_s=first.timeout_s,
                               sampling=first.sampling)
                 extra.info = first.info

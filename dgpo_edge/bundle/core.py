@@ -25,6 +25,7 @@ B/
 | `index` | `path`, `kind`, `count`, `encoder` (the index's EncoderSpec) |
 | `encoder` | `format` (minilm-int8-onnx / transformers), `path`, or null for BM25 |
 | `protocol` | `template` ("search-r1"), `prompt_template` (the instruction text), `top_k`, `max_turns` (Search-R1's max_turns: turns before the final, search-free one; `ProtocolConfig.max_searches`), `max_turn_tokens`, `max_obs_tokens`, `max_total_tokens`, `stop` |
+| `runtime` | `gpu_layers`: layers llama.cpp offloads to a GPU unless `--gpu-layers` says otherwise (0 none, -1 all) |
 | `files` | {relative path: {bytes, sha256}} for every file but manifest.json |
 
 Loading a bundle checks sizes (cheap: catches truncation and partial copies);
@@ -127,6 +128,14 @@ class Bundle:
 
     def protocol(self, top_k: int | None = None, max_turns: int | None = None) -> ProtocolConfig:
         return protocol_config(self.manifest.get("protocol"), top_k, max_turns)
+
+    @property
+    def gpu_layers(self) -> int:
+        """Layers llama.cpp offloads to a GPU by default (`runtime.gpu_layers`; 0 in older bundles)."""
+        try:
+            return int((self.manifest.get("runtime") or {}).get("gpu_layers", 0))
+        except (TypeError, ValueError, AttributeError):
+            raise InputError("bad runtime.gpu_layers in the manifest", self.path / MANIFEST) from None
 
     @property
     def total_bytes(self) -> int:
@@ -375,11 +384,12 @@ def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | N
 def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: ProtocolConfig | None = None,
                  encoder: str | Path | None = None, extra: dict[str, Path] | None = None,
                  progress: Progress | None = None, overwrite: bool = False,
-                 source: dict[str, Any] | None = None) -> Bundle:
+                 source: dict[str, Any] | None = None, gpu_layers: int = 0) -> Bundle:
     """Assemble a bundle in `out` from a model, an index folder and (for dense indexes) a query encoder.
 
     `extra`: more files to carry, {relative path in the bundle: source file}
-    (e.g. {"data/dev.jsonl": ...}). Work happens in `out.partial/` (kept
+    (e.g. {"data/dev.jsonl": ...}). `gpu_layers`: the default llama.cpp GPU offload
+    (`runtime.gpu_layers`; -1 all layers). Work happens in `out.partial/` (kept
     after a crash and reused by a rerun); `out` appears only when complete.
     """
     out = Path(out).expanduser()
@@ -405,6 +415,7 @@ def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: 
         place(Path(src), work / rel)
     fields = {"model": model_entry, "parity": read_parity(work, model_entry), "index": index_entry,
               "encoder": enc_entry, "protocol": protocol_settings(config or ProtocolConfig()),
+              "runtime": {"gpu_layers": int(gpu_layers)},
               "source": source or {"model": str(Path(model).expanduser().resolve()),
                                    "index": str(Path(index).expanduser().resolve())}}
     return finish(work, out, fields, emit, overwrite=overwrite)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..progress import StageBars
 from .core import Bundle, Progress, open_bundle, protocol_config
 from .default import default_model_path, ensure_default_bundle
 
@@ -32,34 +33,11 @@ _STAGES = {"factbook": "building FactbookQA", "fingerprint": "reading corpus", "
            "hash": "hashing files", "verify": "verifying"}
 
 
-class RichProgress:
+class RichProgress(StageBars):
     """A `Progress` callback drawing rich bars on stderr; nothing is drawn until the first call."""
 
     def __init__(self, title: str | None = None):
-        self.title = title
-        self._bar: Any = None
-        self._tasks: dict[str, int] = {}
-
-    def __call__(self, stage: str, done: int, total: int | None) -> None:
-        if self._bar is None:
-            from rich.console import Console
-            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeRemainingColumn)
-
-            console = Console(stderr=True)
-            if self.title:
-                console.print(self.title, highlight=False)
-            self._bar = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeRemainingColumn(), console=console, transient=False)
-            self._bar.start()
-        if stage not in self._tasks:
-            self._tasks[stage] = self._bar.add_task(_STAGES.get(stage, stage), total=total)
-        self._bar.update(self._tasks[stage], completed=done, total=total)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
+        super().__init__(title, descriptions=_STAGES)
 
 
 def _progress(progress: bool | Progress | None) -> tuple[Progress | None, Callable[[], None]]:
@@ -75,7 +53,8 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
                index: str | Path | None = None, threads: int | None = None, top_k: int | None = None,
                max_turns: int | None = None, progress: bool | Progress | None = True, *,
                timeout_s: float | None = None, sampling: Any = None, n_ctx: int | None = None,
-               encoder: str | None = None, corpus: str | Path | None = None) -> Any:
+               encoder: str | None = None, corpus: str | Path | None = None,
+               gpu_layers: int | None = None) -> Any:
     """An `Agent` for a bundle, a model and an index, or the default bundle (table above).
 
     `threads`: engine, encoder and FAISS threads (None: library defaults).
@@ -83,7 +62,8 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
     False draws nothing, a callable gets `(stage, done, total)`. `n_ctx`: the
     engine context (default: the protocol's total budget). `encoder`: query
     encoder for `index` (default: the one the index names). `corpus`: build the
-    default bundle from this corpus instead of FactbookQA.
+    default bundle from this corpus instead of FactbookQA. `gpu_layers`: layers
+    llama.cpp offloads to a GPU (None: the bundle's default, else 0; -1 all).
     """
     from ..agent import Agent
     from ..engines import open_engine
@@ -106,7 +86,8 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
     else:
         model_path, model_from = default_model_path(), "default model"
     config = b.protocol(top_k, max_turns) if b is not None else protocol_config(None, top_k, max_turns)
-    engine = open_engine(model_path, n_ctx=n_ctx or config.max_total_tokens, threads=threads)
+    offload = gpu_options(model_path, gpu_layers, b)
+    engine = open_engine(model_path, n_ctx=n_ctx or config.max_total_tokens, threads=threads, **offload)
     try:
         retriever = _retriever(b, index, threads, encoder)
     except BaseException:
@@ -117,8 +98,25 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
                   "model_from": model_from, "engine": engine.name,
                   "index": str(Path(index).expanduser()) if index is not None else str(b.index_path),  # type: ignore[union-attr]
                   "top_k": config.top_k, "max_turns": config.max_searches, "threads": engine.threads,
-                  "n_ctx": engine.n_ctx}
+                  "n_ctx": engine.n_ctx, "gpu_layers": offload.get("n_gpu_layers", 0)}
     return agent
+
+
+def gpu_options(model_path: Path, gpu_layers: int | None, b: Bundle | None) -> dict[str, Any]:
+    """llama.cpp's `n_gpu_layers` for a GGUF model: `--gpu-layers`, else the bundle's, else 0.
+
+    Other engines take no such option: an explicit nonzero value for them is an error,
+    a bundle's default is left unused (its model was replaced by --model)."""
+    from ..engines import model_kind
+
+    layers = gpu_layers if gpu_layers is not None else (b.gpu_layers if b is not None else 0)
+    if layers < -1:
+        raise InputError(f"--gpu-layers must be >= -1 (-1: all layers), got {layers}")
+    if model_kind(model_path) != "gguf":
+        if gpu_layers:
+            raise InputError("--gpu-layers applies to GGUF models (llama.cpp) only", model_path)
+        return {}
+    return {"n_gpu_layers": layers}
 
 
 def _retriever(b: Bundle | None, index: str | Path | None, threads: int | None, encoder: str | None) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -10,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import InputError
-from .common import console, user_errors
+from .common import console, err_console, user_errors
 
 app = typer.Typer(help="Inspect and verify bundles (model + index + query encoder + manifest).",
                   no_args_is_help=True)
@@ -28,18 +29,24 @@ def info(
     if bundle is None:
         d = default_bundle_dir()
         if not (d / "manifest.json").is_file():
-            console.print(f"default bundle: {escape(str(d))} [yellow](not built yet)[/]", highlight=False)
-            console.print("It is built on first use of `dgpo-edge ask`, `eval` or `chat`, from installed "
-                          "packages only.", highlight=False)
+            _not_built(d, as_json)
             return
         bundle = d
     b = open_bundle(bundle)
     if as_json:
-        import json
-
         typer.echo(json.dumps(b.manifest, indent=2, ensure_ascii=False))
         return
     print_info(b)
+
+
+def _not_built(d: Path, as_json: bool) -> None:
+    """The default bundle before first use: still JSON under --json (its path, `built: false`)."""
+    if as_json:
+        typer.echo(json.dumps({"path": str(d), "built": False}, indent=2))
+        return
+    console.print(f"default bundle: {escape(str(d))} [yellow](not built yet)[/]", highlight=False)
+    console.print("It is built on first use of `dgpo-edge ask`, `eval` or `chat`, from installed "
+                  "packages only.", highlight=False)
 
 
 def print_info(b: Any, verified: bool = False) -> None:
@@ -58,8 +65,8 @@ def print_info(b: Any, verified: bool = False) -> None:
     table.add_row("protocol", f"{p.get('template', '?')}: top-k {p.get('top_k')}, max turns {p.get('max_turns')}, "
                   f"{p.get('max_turn_tokens')}/{p.get('max_obs_tokens')}/{p.get('max_total_tokens')} tokens "
                   f"(turn/observation/total)")
-    parity = m.get("parity")
-    table.add_row("parity", "none recorded" if parity is None else _short(parity))
+    for key, value in parity_rows(m.get("parity")):
+        table.add_row(key, value)
     data = sorted(n for n in m["files"] if n.startswith("data/"))
     if data:
         table.add_row("data", ", ".join(data))
@@ -73,41 +80,45 @@ def print_info(b: Any, verified: bool = False) -> None:
     console.print(table)
 
 
-def _short(parity: Any) -> str:
-    import json
+def parity_rows(parity: Any) -> list[tuple[str, str]]:
+    """The export's parity check as (label, text) rows: verdict first, then one row per fact."""
+    if parity is None:
+        return [("parity", "none recorded")]
+    from ..export.parity import format_parity
 
-    s = json.dumps(parity, ensure_ascii=False)
-    return s if len(s) < 200 else s[:197] + "..."
+    try:
+        lines = format_parity(parity).splitlines()
+    except (KeyError, TypeError, ValueError, AttributeError):
+        # Not the exporter's shape (an older or hand-made file): the verdict, then each top-level value.
+        if not isinstance(parity, dict):
+            return [("parity", json.dumps(parity, ensure_ascii=False)[:120])]
+        verdict = [("parity", "passed" if parity["passed"] else "FAILED")] if "passed" in parity else []
+        return verdict + [(f"parity {k}", json.dumps(v, ensure_ascii=False)[:120])
+                          for k, v in parity.items() if k != "passed"]
+    rows = [(f"parity {k}" if k != "parity" else k, v) for k, _, v in (ln.partition(": ") for ln in lines)]
+    return rows[-1:] + rows[:-1]
 
 
 @app.command("verify")
 @user_errors
 def verify_command(
     bundle: Path = typer.Argument(..., help="A bundle folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (errors stay one line on stderr)."),
 ) -> None:
     """Check every file's size and sha256 against the manifest (exit 2 on any difference)."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
     from ..bundle import verify
+    from ..progress import StageBars
 
-    bar = Progress(TextColumn("verifying"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                   console=console, transient=True)
-    task = None
-
-    def progress(stage: str, done: int, total: int | None) -> None:
-        nonlocal task
-        if task is None:
-            bar.start()
-            task = bar.add_task("verify", total=total)
-        bar.update(task, completed=done, total=total)
-
+    bar = StageBars(console=err_console, descriptions={"verify": "verifying"}, transient=True)
     try:
-        b = verify(bundle, progress=progress)
+        b = verify(bundle, progress=bar)
     except InputError:
-        # Clear the bar without Progress.stop(), which prints a blank line when not on a terminal.
-        bar.live.transient = True
-        bar.live.stop()
+        bar.abandon()
         raise
-    bar.stop()
+    bar.close()
+    if as_json:
+        typer.echo(json.dumps({"ok": True, "path": str(b.path), "files": len(b.manifest["files"]),
+                               "bytes": b.total_bytes}, indent=2))
+        return
     console.print(f"ok: {len(b.manifest['files'])} files, {b.total_bytes:,} bytes match the manifest "
                   f"({escape(str(b.path))})", highlight=False)

@@ -8,13 +8,14 @@ normal terminal). Textual and the app are imported only when the command runs.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
 from ..errors import InputError
-from .common import user_errors
+from .common import GPU_LAYERS_HELP, MAX_TURNS_HELP, TOP_K_HELP, user_errors
 
 MAX_TOP_K = 20     # kept equal to the settings screen's limits (apps/chat/screens.py)
 MAX_TURNS = 16
@@ -26,25 +27,28 @@ def chat(
                                           "Default: the built-in default bundle."),
     model: Optional[Path] = typer.Option(None, "--model", help="A model: .gguf file, ONNX or transformers folder."),
     index: Optional[Path] = typer.Option(None, "--index", help="An index directory (`dgpo-edge index build`)."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=MAX_TOP_K,
-                                        help="Passages per search (default: the bundle's, else 3)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", "-k", min=1, max=MAX_TOP_K,
+                                        help=f"{TOP_K_HELP} (default: the bundle's, else 3)."),
     max_turns: Optional[int] = typer.Option(None, "--max-turns", min=0, max=MAX_TURNS,
-                                            help="Searches before the final answer turn (default: the "
-                                            "bundle's, else 4)."),
+                                            help=f"{MAX_TURNS_HELP} (default: the bundle's, else 4)."),
+    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", min=-1, help=GPU_LAYERS_HELP),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for the model."),
     history: Optional[Path] = typer.Option(None, "--history", help="Chat history file. "
                                            "Default: $XDG_DATA_HOME/dgpo-edge/chats.sqlite."),
 ) -> None:
     """Chat with the search agent in the terminal: Esc stops, Ctrl+O past chats, Ctrl+S settings."""
     app = build_app(bundle=bundle, model=model, index=index, top_k=top_k, max_turns=max_turns,
-                    threads=threads, history=history)
+                    threads=threads, history=history, gpu_layers=gpu_layers, need_terminal=True)
     app.run()
 
 
 def build_app(bundle: Path | None = None, model: Path | None = None, index: Path | None = None,
               top_k: int | None = None, max_turns: int | None = None, threads: int | None = None,
-              history: Path | None = None) -> Any:
-    """Check the arguments, open the chat history, load the agent; return the (not yet running) app."""
+              history: Path | None = None, gpu_layers: int | None = None, need_terminal: bool = False) -> Any:
+    """Check the arguments, open the chat history, load the agent; return the (not yet running) app.
+
+    `need_terminal`: refuse, before the model loads, when stdin or stdout is not a terminal (a
+    full-screen app there would wait for keys that never come)."""
     check_sources(bundle, model, index)
     try:
         from ..apps.chat.app import ChatApp
@@ -53,14 +57,27 @@ def build_app(bundle: Path | None = None, model: Path | None = None, index: Path
     except ImportError as e:
         raise InputError(f"the chat app needs Textual ({e.name} is missing): "
                          "pip install 'dgpo-edge[edge]'") from None
+    from ..bundle import load_agent, open_bundle
+
+    if bundle is not None:
+        open_bundle(bundle)      # cheap (manifest and sizes): a bad bundle is named before "no terminal"
     store = ChatStore(history)   # a broken history file is reported before a model loads
-    from ..bundle import load_agent
+    if need_terminal:
+        check_terminal()
 
     # Progress bars (stderr) show only if the default bundle has to be built first.
     agent = load_agent(bundle=bundle, model=model, index=index, threads=threads, top_k=top_k,
-                       max_turns=max_turns)
+                       max_turns=max_turns, gpu_layers=gpu_layers)
     settings = Settings(top_k=agent.config.top_k, max_turns=agent.config.max_searches)
     return ChatApp(lambda: agent, store, settings=settings, description=describe(agent, bundle, model, index))
+
+
+def check_terminal() -> None:
+    closed = [name for name, f in (("stdin", sys.stdin), ("stdout", sys.stdout)) if not f.isatty()]
+    if closed:
+        verb = "is" if len(closed) == 1 else "are"
+        raise InputError(f"chat needs a terminal ({' and '.join(closed)} {verb} not one); without a terminal, "
+                         "ask one question at a time with `dgpo-edge ask \"...\"` (--json for scripts)")
 
 
 def check_sources(bundle: Path | None, model: Path | None, index: Path | None) -> None:

@@ -30,3 +30,54 @@ def user_errors(fn: F) -> F:
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# One spelling and one meaning per option, on every command that has it.
+TOP_K_HELP = "Passages per search"
+MAX_TURNS_HELP = "Search turns before the final, search-free answer turn (Search-R1's max_turns)"
+GPU_LAYERS_HELP = ("Model layers llama.cpp offloads to the GPU of a Metal or CUDA build (0 none, -1 all; "
+                   "default: the bundle's, else 0).")
+
+# What each extra's install line is; train needs torch first (its build depends on the machine).
+EXTRA_INSTALL = {"train": "pip install torch && pip install 'dgpo-edge[train]'"}
+
+
+def needs_extra(extra: str, *modules: str) -> Callable[[F], F]:
+    """A command whose dependencies come with `extra`: a missing one is `error:` + the install line.
+
+    `modules` are looked up (not imported) before the command runs, so a laptop install hears
+    about the extra before any input is read; a module missing deeper down (ModuleNotFoundError)
+    is reported the same way. A missing dgpo_edge module is a packaging bug and keeps its traceback."""
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            missing = [m for m in modules if not _importable(m)]
+            if missing:
+                _missing_extra(extra, missing[0])
+            try:
+                return fn(*args, **kwargs)
+            except ModuleNotFoundError as e:
+                top = (e.name or "").split(".")[0]
+                if not top or top == "dgpo_edge":
+                    raise
+                _missing_extra(extra, top)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _missing_extra(extra: str, module: str) -> None:
+    install = EXTRA_INSTALL.get(extra, f"pip install 'dgpo-edge[{extra}]'")
+    err_console.print(f"[bold red]error:[/] this command needs the {extra} extra ({escape(module)} is not "
+                      f"installed): {escape(install)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)

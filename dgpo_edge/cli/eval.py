@@ -11,6 +11,7 @@ and on average). A run locks `--out`: a second one into it is refused. See
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP, agent_options
-from .common import console, user_errors
+from .common import GPU_LAYERS_HELP, MAX_TURNS_HELP, TOP_K_HELP, console, err_console, user_errors
 
 
 @user_errors
@@ -32,28 +33,29 @@ def eval_command(
     out: Path = typer.Option(Path("out/eval"), "--out", help="Folder for predictions and the report."),
     fmt: str = typer.Option("auto", "--format", help="Dataset format (auto-detected by default)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: the libraries')."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Passages per search (default: the bundle's, 3)."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns",
-                                            help="Turns before the final, search-free one (default: 4)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help=f"{TOP_K_HELP} (default: the bundle's, 3)."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", help=f"{MAX_TURNS_HELP} (default: the bundle's, 4)."),
+    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help=GPU_LAYERS_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard earlier predictions in --out."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report (report.json's content) as JSON."),
 ) -> None:
     """Evaluate the agent on QA files: EM, F1, cover-EM and ARC per dataset and on average."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import TextColumn
 
     from ..agent.evaluate import evaluate, load_questions
+    from ..progress import add_stage, stage_progress
 
     questions = load_questions(data, limit=limit, fmt=fmt)   # bad files fail before the model loads
-    agent = agent_options(bundle, model, index, threads, top_k, max_turns)
+    agent = agent_options(bundle, model, index, threads, top_k, max_turns, gpu_layers=gpu_layers)
     settings = {"agent": _settings(agent.info)}
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("EM {task.fields[em]}"),
-                   TimeRemainingColumn(), console=console, transient=False)
+    bar = stage_progress(err_console, extra=(TextColumn("EM {task.fields[em]}"),))   # stderr: stdout is the report
     ems: list[float] = []
-    task = bar.add_task("evaluating", total=len(questions.examples), em="-")
+    task = add_stage(bar, "evaluating", "evaluating", 0, len(questions.examples), em="-")
 
     started = []
 
     def on_start(done: int, total: int) -> None:
-        bar.update(task, completed=done)
+        bar.update(task, completed=done, base=done)   # resumed questions are not in the rate
         bar.start()
         started.append(True)
 
@@ -68,6 +70,9 @@ def eval_command(
         finally:
             if started:
                 bar.stop()
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
+        return
     _print_report(report, out)
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import console, user_errors
+from .common import console, err_console, needs_extra, user_errors
 from .export_bundle import bundle_command
 
 app = typer.Typer(help="Export a checkpoint to GGUF (llama.cpp) or ONNX (onnxruntime-genai), checked.",
@@ -32,6 +32,7 @@ def _fail_if(result: dict, strict: bool) -> None:
 
 
 @app.command("gguf")
+@needs_extra("export", "gguf", "transformers")
 @user_errors
 def gguf_command(
     model: str = typer.Argument(..., help="A transformers checkpoint directory (or a hub id, with a hub)."),
@@ -50,20 +51,21 @@ def gguf_command(
     from ..train.models import quiet_transformers
 
     quiet_transformers()
-    with console.status(f"writing {out.name} ({quant})"):
+    with err_console.status(f"writing {out.name} ({quant})"):
         path = write_gguf(model, out, quant=quant, pre=pre, threads=threads)
     if not as_json:
         console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)", highlight=False)
     if not verify:
         parity_path(path).unlink(missing_ok=True)  # an old check no longer describes the file
         return
-    with console.status("checking parity with transformers"):
+    with err_console.status("checking parity with transformers"):
         result = verify_gguf(model, path, quant.lower(), threads=threads)
     _report(result, parity_path(path), as_json)
     _fail_if(result, strict)
 
 
 @app.command("onnx")
+@needs_extra("export", "onnxruntime_genai", "onnx_ir", "onnx", "transformers")
 @user_errors
 def onnx_command(
     model: str = typer.Argument(..., help="A transformers checkpoint directory (or a hub id, with a hub)."),
@@ -80,13 +82,13 @@ def onnx_command(
     from ..train.models import quiet_transformers
 
     quiet_transformers()
-    with console.status(f"building {out.name} ({precision})"):
+    with err_console.status(f"building {out.name} ({precision})"):
         path = export_onnx(model, out, precision=precision, threads=threads)
     if not as_json:
         console.print(f"wrote {path}", highlight=False)
     if not verify:
         return  # the directory was replaced as a whole: no stale parity file inside
-    with console.status("checking parity with transformers"):
+    with err_console.status("checking parity with transformers"):
         result = verify_onnx(model, path, precision)
     _report(result, parity_path(path), as_json)
     _fail_if(result, strict)

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .common import console, user_errors
+from .common import MAX_TURNS_HELP, TOP_K_HELP, console, user_errors
 
 
 @user_errors
@@ -23,8 +23,10 @@ def bundle_command(
     out: Path = typer.Option(..., "--out", help="The bundle folder to write."),
     encoder: Optional[Path] = typer.Option(None, "--encoder", help="Query encoder folder for a non-MiniLM dense "
                                                                    "index (MiniLM indexes get the int8 ONNX)."),
-    top_k: int = typer.Option(3, "--top-k", min=1, help="Passages per search."),
-    max_turns: int = typer.Option(4, "--max-turns", min=0, help="Turns before the final, search-free one."),
+    top_k: int = typer.Option(3, "--top-k", "-k", min=1, help=f"{TOP_K_HELP}."),
+    max_turns: int = typer.Option(4, "--max-turns", min=0, help=f"{MAX_TURNS_HELP}."),
+    gpu_layers: int = typer.Option(0, "--gpu-layers", min=-1, help="Default llama.cpp GPU offload recorded in the "
+                                   "manifest (0 none, -1 all); `--gpu-layers` on ask, eval, chat overrides it."),
     max_turn_tokens: int = typer.Option(500, "--max-turn-tokens", min=1, help="New tokens per turn."),
     max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", min=1, help="Tokens per information block."),
     max_total_tokens: int = typer.Option(4096, "--max-total-tokens", min=1, help="Prompt plus everything appended."),
@@ -40,7 +42,8 @@ def bundle_command(
                             max_obs_tokens=max_obs_tokens, max_total_tokens=max_total_tokens)
     bar = RichProgress()
     try:
-        b = build_bundle(model, index, out, config=config, encoder=encoder, progress=bar, overwrite=overwrite)
+        b = build_bundle(model, index, out, config=config, encoder=encoder, progress=bar, overwrite=overwrite,
+                         gpu_layers=gpu_layers)
     finally:
         bar.close()
     print_info(b)

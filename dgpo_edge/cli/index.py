@@ -10,11 +10,12 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import Progress
 from rich.table import Table
 
 from ..errors import InputError
-from .common import console, user_errors
+from ..progress import add_stage, stage_progress
+from .common import console, err_console, user_errors
 
 app = typer.Typer(help="Build, compact, search and serve retrieval indexes.", no_args_is_help=True)
 
@@ -26,8 +27,7 @@ _STAGES = {"scan": "checking files", "fingerprint": "reading corpus", "store": "
 @contextlib.contextmanager
 def _progress_bar() -> Iterator[Progress]:
     """A live progress display; on bad input it is cleared, so the `error:` line stands alone."""
-    bar = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn(), console=console, transient=False)
+    bar = stage_progress(err_console)   # stderr: stdout keeps only the result
     bar.start()
     try:
         yield bar
@@ -49,7 +49,7 @@ def _stage_tasks(bar: Progress) -> Callable[[str, int, "int | None"], None]:
 
     def progress(stage: str, done: int, total: int | None) -> None:
         if stage not in tasks:
-            tasks[stage] = bar.add_task(_STAGES.get(stage, stage), total=total)
+            tasks[stage] = add_stage(bar, _STAGES.get(stage, stage), stage, done, total)
         bar.update(tasks[stage], completed=done, total=total)
 
     return progress
@@ -140,7 +140,7 @@ def compact(
     # vectors added + passages stored; a missing corpus is left to run_compact's "no such file"
     total = 2 * count_lines(corpus) if corpus.is_file() else None
     with _progress_bar() as bar:
-        task = bar.add_task("compacting", total=total)
+        task = bar.add_task("compacting", total=total, unit="rows")
         report = run_compact(flat, corpus, out, pq=pq, opq=opq, nlist=nlist, nprobe=nprobe,
                              eval_queries=eval_queries, threads=threads,
                              progress=lambda n: bar.advance(task, n),
@@ -153,7 +153,7 @@ def compact(
 def search(
     index: Path = typer.Argument(..., help="Index directory."),
     query: str = typer.Argument(..., help="The query text."),
-    k: int = typer.Option(3, "-k", min=1, max=100, help="Passages to return."),
+    k: int = typer.Option(3, "--top-k", "-k", min=1, max=100, help="Passages to return."),
     as_json: bool = typer.Option(False, "--json", help="Print Search-R1's /retrieve result shape as JSON."),
     kind: Optional[str] = typer.Option(None, help="Override the index's kind: dense (its vectors), bm25 or hybrid."),
     encoder: Optional[str] = typer.Option(None, help="Query encoder (default: the one the index calls for)."),
@@ -185,11 +185,15 @@ def search(
 def info(
     index: Path = typer.Argument(..., help="Index directory."),
     verify: bool = typer.Option(False, help="Also check every file's sha256 (reads every byte)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON (with `verified`)."),
 ) -> None:
     """Show what an index holds: kind, encoder, counts, parameters, files."""
     from ..retrieval.build import verify_files
 
     manifest = verify_files(index, full=verify)
+    if as_json:
+        typer.echo(json.dumps({**manifest, "verified": verify}, indent=2, ensure_ascii=False))
+        return
     _print_info(index, manifest, verified=verify)
     print_documents(manifest)
 
@@ -238,7 +242,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8000, help="Port (0 picks a free one)."),
     kind: Optional[str] = typer.Option(None, help="Override: dense, bm25 or hybrid."),
-    topk: int = typer.Option(3, help="Passages per query when a request gives no topk."),
+    topk: int = typer.Option(3, "--top-k", "-k", help="Passages per query when a request gives no topk."),
+    old_topk: Optional[int] = typer.Option(None, "--topk", hidden=True, help="Deprecated: --top-k."),
     max_queries: int = typer.Option(256, help="Largest batch of queries one request may hold."),
     threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads."),
 ) -> None:
@@ -251,11 +256,12 @@ def serve(
     from ..retrieval.server import Limits
     from ..retrieval.server import serve as run_server
 
+    topk = old_topk if old_topk is not None else topk   # the old spelling, hidden from --help
     # Checked before the index is opened (loading an encoder takes seconds).
     if not 0 <= port <= 65535:
         raise InputError(f"--port must be in 0..65535, got {port}")
     if not 1 <= topk <= Limits.max_topk:
-        raise InputError(f"--topk must be in 1..{Limits.max_topk}, got {topk}")
+        raise InputError(f"--top-k must be in 1..{Limits.max_topk}, got {topk}")
     if max_queries < 1:
         raise InputError(f"--max-queries must be >= 1, got {max_queries}")
     with open_index(index, kind=kind, threads=threads) as retriever:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
-from . import ask, bundle, chat, data, export, index, model, plot, serve, train
+from . import ask, bundle, chat, data, examples, export, index, model, plot, serve, train
 from . import eval as eval_cli
 
 app = typer.Typer(
     name="dgpo-edge",
     help="Teach a compact model to search like an agent, then run it offline.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,   # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},   # sub-commands inherit it
 )
 app.add_typer(data.app, name="data")
 app.add_typer(index.app, name="index")
@@ -26,6 +27,7 @@ app.command("eval")(eval_cli.eval_command)
 app.command("plot")(plot.plot)
 app.command("serve")(serve.serve)
 app.add_typer(bundle.app, name="bundle")
+examples.attach(app)   # a usage example at the end of each command's --help
 
 
 def _version(value: bool) -> None:

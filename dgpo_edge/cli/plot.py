@@ -23,7 +23,8 @@ def plot(
     metrics: Optional[str] = typer.Option(
         None, "--metrics",
         help="Comma-separated panels, e.g. reward,dev_em,kl_teacher "
-             "(default: those of reward, dev_em, response_length, kl_teacher, entropy, value_loss the runs have)."),
+             "(default, from the columns the runs have: RL runs reward, dev_em, response_length, kl_teacher, "
+             "entropy, value_loss; SFT/KD runs loss, dev_em, dev_f1, dev_loss, lr, grad_norm)."),
     label: Optional[list[str]] = typer.Option(None, "--label",
                                               help="Legend label of a run, once per run in order (default: folder names)."),
     smooth: int = typer.Option(1, "--smooth", help="Moving average over N logged points (1 = raw)."),

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from ..errors import InputError
 from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP
-from .common import console, err_console, user_errors
+from .common import GPU_LAYERS_HELP, MAX_TURNS_HELP, TOP_K_HELP, console, err_console, user_errors
 
 
 @user_errors
@@ -27,9 +27,9 @@ def serve(
                                   help="Seconds a request may wait for an engine, and then to answer."),
     model_name: str = typer.Option("dgpo-edge", "--model-name", help="The model id /v1/models lists."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads per engine."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Passages per search (default: the bundle's, 3)."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns",
-                                            help="Turns before the final, search-free one (default: 4)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help=f"{TOP_K_HELP} (default: the bundle's, 3)."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", help=f"{MAX_TURNS_HELP} (default: the bundle's, 4)."),
+    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help=GPU_LAYERS_HELP),
 ) -> None:
     """Serve the agent with OpenAI's chat-completions API (plus /retrieve); Ctrl-C stops.
 
@@ -51,7 +51,7 @@ def serve(
     sock = listen(host, port)
     try:
         pool = AgentPool.load(engines, queue, bundle=bundle, model=model, index=index, threads=threads,
-                              top_k=top_k, max_turns=max_turns, timeout_s=timeout)
+                              top_k=top_k, max_turns=max_turns, timeout_s=timeout, gpu_layers=gpu_layers)
         try:
             app = make_app(pool, model_name, ServeLimits(timeout=timeout), local_only=local)
             url = f"http://{host}:{sock.getsockname()[1]}/v1"

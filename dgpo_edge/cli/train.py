@@ -13,18 +13,20 @@ from pathlib import Path
 
 import typer
 
-from .common import console, user_errors
+from .common import console, needs_extra, user_errors
 from .train_tgo import tgo_command
 
 app = typer.Typer(help="Train a search agent: SFT, cold-start KD, teacher trajectories, PPO/DGPO/GRPO "
                        "(needs the train extra).",
                   no_args_is_help=True)
 
+TRAIN_MODULES = ("torch", "transformers", "accelerate", "yaml")
 CONFIG = typer.Option(..., "--config", "-c", help="YAML config (see train/configs/).")
 OVERRIDES = typer.Argument(None, metavar="[KEY=VALUE]...", help="Override config keys, e.g. optim.lr=2e-5.")
 
 
 @app.command("sft")
+@needs_extra("train", *TRAIN_MODULES)
 @user_errors
 def sft(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
     """Supervised training on trajectories (oracle -> a teacher; teacher trajectories -> SeqKD)."""
@@ -36,6 +38,7 @@ def sft(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
 
 
 @app.command("kd")
+@needs_extra("train", *TRAIN_MODULES)
 @user_errors
 def kd(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
     """Cold-start distillation: forward/reverse KL, generalized JSD (GKD) or SeqKD from a teacher."""
@@ -66,6 +69,7 @@ def _rl(algorithm: str, config: Path, overrides: list[str] | None) -> None:
 
 
 @app.command("ppo")
+@needs_extra("train", *TRAIN_MODULES)
 @user_errors
 def ppo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
     """PPO with a critic and GAE on multi-turn search rollouts (reward: exact match)."""
@@ -73,6 +77,7 @@ def ppo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
 
 
 @app.command("dgpo")
+@needs_extra("train", *TRAIN_MODULES)
 @user_errors
 def dgpo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
     """DGPO: PPO where failed rollouts are pulled toward a teacher (beta * KL on their tokens)."""
@@ -80,6 +85,7 @@ def dgpo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
 
 
 @app.command("grpo")
+@needs_extra("train", *TRAIN_MODULES)
 @user_errors
 def grpo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
     """GRPO: group-normalised advantages over several samples per question, no critic (teacher optional)."""

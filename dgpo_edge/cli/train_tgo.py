@@ -7,13 +7,15 @@ imported only when the command runs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from ..errors import InputError
-from .common import console, err_console, user_errors
+from .common import MAX_TURNS_HELP, TOP_K_HELP, console, err_console, needs_extra, user_errors
 
 
+@needs_extra("train", "torch", "transformers")
 @user_errors
 def tgo_command(
     teacher: Path = typer.Option(..., "--teacher", help="Teacher model folder (transformers format)."),
@@ -27,8 +29,10 @@ def tgo_command(
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature (> 0)."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass."),
     seed: int = typer.Option(0, "--seed", help="Random seed (per chunk of questions)."),
-    max_searches: int = typer.Option(4, "--max-searches", min=0, help="Searches before the final turn."),
-    top_k: int = typer.Option(3, "--top-k", min=1, help="Passages per search."),
+    max_turns: int = typer.Option(4, "--max-turns", min=0, help=f"{MAX_TURNS_HELP}."),
+    max_searches: Optional[int] = typer.Option(None, "--max-searches", min=0, hidden=True,
+                                               help="Deprecated spelling of --max-turns."),
+    top_k: int = typer.Option(3, "--top-k", "-k", min=1, help=f"{TOP_K_HELP}."),
     max_turn_tokens: int = typer.Option(500, "--max-turn-tokens", min=1, help="New tokens per turn."),
     engine: str = typer.Option("auto", "--engine", help="Decoder: auto, fast or plain."),
     device: str | None = typer.Option(None, "--device", help="cuda, cpu, ... (default: cuda if available)."),
@@ -37,14 +41,15 @@ def tgo_command(
                                        help="Wrap the prompt in the tokenizer's chat template."),
 ) -> None:
     """Sample N teacher trajectories per question; keep the correct ones (oracle.jsonl shape)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     from ..datasets import read_qa
+    from ..progress import add_stage, stage_progress
     from ..protocol import ProtocolConfig
     from ..train.rollout import ENGINES, RolloutConfig
     from ..train.sft import open_retriever
     from ..train.tgo import TgoConfig, generate_teacher_trajectories
 
+    if max_searches is not None:  # the old spelling still works, hidden from --help
+        max_turns = max_searches
     if engine not in ENGINES:
         raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if temperature <= 0 or top_p <= 0:
@@ -55,13 +60,12 @@ def tgo_command(
     if not all(ex.answers for ex in examples):
         raise InputError("every question needs gold answers (only correct trajectories are kept)", data)
     config = TgoConfig(n=n, rollout=RolloutConfig(
-        protocol=ProtocolConfig(top_k=top_k, max_searches=max_searches, max_turn_tokens=max_turn_tokens), temperature=temperature,
+        protocol=ProtocolConfig(top_k=top_k, max_searches=max_turns, max_turn_tokens=max_turn_tokens), temperature=temperature,
         top_p=top_p, seed=seed, batch_size=batch_size, engine=engine, chat_template=chat_template))
     with open_retriever(str(index)) as retriever:  # before the teacher loads: a bad --index fails fast
         model, tokenizer = load_teacher(teacher, device, dtype)
-        with Progress(TextColumn("tgo"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=err_console, transient=True) as bar:
-            task = bar.add_task("questions", total=len(examples))
+        with stage_progress(err_console, transient=True) as bar:
+            task = add_stage(bar, "tgo", "tgo", 0, len(examples))
             stats = generate_teacher_trajectories(model, tokenizer, examples, retriever, out, config,
                                                   teacher=str(teacher), on_chunk=lambda k: bar.advance(task, k))
     console.print(f"{stats.processed} questions sampled ({stats.skipped} already done), "

@@ -1,0 +1,134 @@
+"""Every command: one spelling per option, -h, a usage example, --json, and friendly missing extras."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from typing import Any
+
+import pytest
+import typer
+
+from cli_helpers import invoke
+from dgpo_edge.cli.main import app
+
+ROOT = typer.main.get_command(app)
+
+
+def leaf_commands(group: Any = ROOT, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """{"index search": command, ...} for every runnable command (Typer's click objects: duck-typed,
+    since Typer may bring its own copy of click)."""
+    found: dict[str, Any] = {}
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            found.update(leaf_commands(cmd, (*path, name)))
+        else:
+            found[" ".join((*path, name))] = cmd
+    return found
+
+
+COMMANDS = leaf_commands()
+
+
+def visible_options(cmd: Any) -> dict[str, Any]:
+    """{option string: its option} for options shown in --help."""
+    return {o: p for p in cmd.params if p.param_type_name == "option" and not p.hidden for o in p.opts}
+
+
+# The commands that take each shared option: same spelling (and short form) everywhere.
+TOP_K = {"ask", "eval", "chat", "serve", "index search", "index serve", "export bundle", "train tgo"}
+MAX_TURNS = {"ask", "eval", "chat", "serve", "export bundle", "train tgo"}
+GPU_LAYERS = {"ask", "eval", "chat", "serve", "export bundle"}
+JSON = {"ask", "eval", "index search", "index info", "index update", "bundle info", "bundle verify", "data inspect",
+        "export gguf", "export onnx"}
+
+
+def test_the_walk_finds_every_command():
+    assert {"ask", "index search", "train tgo", "bundle verify", "export bundle"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS))
+def test_option_names(path):
+    opts = visible_options(COMMANDS[path])
+    assert not {"--topk", "--max-searches", "--k"} & set(opts), (path, sorted(opts))
+    assert ("--top-k" in opts) == (path in TOP_K), path
+    if path in TOP_K:
+        assert opts["--top-k"].opts == ["--top-k", "-k"], opts["--top-k"].opts
+    if "-k" in opts:
+        assert opts["-k"].name in ("top_k", "k", "topk"), path
+    assert ("--max-turns" in opts) == (path in MAX_TURNS), path
+    assert ("--gpu-layers" in opts) == (path in GPU_LAYERS), path
+    assert ("--json" in opts) == (path in JSON), path
+    if path in MAX_TURNS:
+        assert "final" in (opts["--max-turns"].help or ""), "the help says what a turn counts"
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS))
+def test_short_help_and_a_usage_example(path):
+    r = invoke(*path.split(), "-h")
+    assert r.exit_code == 0, r.output
+    assert "Usage:" in r.plain
+    assert "Example" in r.plain and f"dgpo-edge {path} " in r.flat, r.plain[-600:]
+
+
+def test_groups_take_short_help_and_completion_is_on():
+    assert invoke("-h").exit_code == 0 and invoke("index", "-h").exit_code == 0
+    r = invoke("--help")
+    assert "--install-completion" in r.plain and "--show-completion" in r.plain
+
+
+def test_deprecated_spellings_still_parse_but_are_hidden():
+    serve = COMMANDS["index serve"]
+    ctx = serve.make_context("serve", ["idx", "--topk", "5"])
+    assert ctx.params["old_topk"] == 5
+    tgo = COMMANDS["train tgo"]
+    ctx = tgo.make_context("tgo", ["--teacher", "t", "--data", "d", "--index", "i", "--out", "o",
+                                   "--max-searches", "2"])
+    assert ctx.params["max_searches"] == 2
+    assert "--topk" not in invoke("index", "serve", "-h").plain
+
+
+def test_bundle_info_json_before_the_default_bundle_exists(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    r = invoke("bundle", "info", "--json")
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    assert obj["built"] is False and obj["path"].startswith(str(tmp_path / "cache"))
+
+
+# ------------------------------------------------------------------- missing extras
+
+# Block one module in a fresh interpreter, as on a laptop install without the extra.
+BLOCK = ("import sys; sys.modules[{mod!r}] = None; sys.argv = ['dgpo-edge', *{args!r}]; "
+         "from dgpo_edge.cli.main import main; main()")
+
+
+def run_without(module: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "300", "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-c", BLOCK.format(mod=module, args=list(args))],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def train_config() -> str:
+    return str(Path(__file__).resolve().parents[1] / "train" / "configs" / "tiny-cpu-sft.yaml")
+
+
+@pytest.mark.parametrize("module, args, extra", [
+    ("gguf", ["export", "gguf", "model-dir", "--out", "m.gguf"], "pip install 'dgpo-edge[export]'"),
+    ("torch", ["model", "from-gguf", "m.gguf", "--out", "ckpt"], "pip install 'dgpo-edge[train]'"),
+    ("torch", ["train", "sft", "--config", "CONFIG"], "pip install 'dgpo-edge[train]'"),
+    ("torch", ["train", "tgo", "--teacher", "t", "--data", "d", "--index", "i", "--out", "o"],
+     "pip install 'dgpo-edge[train]'"),
+])
+def test_a_missing_extra_is_one_error_line_and_exit_2(tmp_path, module, args, extra):
+    args = [train_config() if a == "CONFIG" else a for a in args]
+    done = run_without(module, *args)
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert f"{module} is not installed" in lines[0] and extra in lines[0], lines[0]
