@@ -11,6 +11,7 @@ inside a function, never when a core module is imported.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,3 +214,42 @@ def test_imports_between_rooms_point_down(room):
     bad = [f"{i.where()} ({room_of(i.target)})" for i in ALL if room_of(i.module) == room
            and room_of(i.target) not in (None, room, *ALLOWED[room])]
     assert bad == [], f"{room} may import only {sorted(ALLOWED[room])}:\n" + "\n".join(bad)
+
+
+# --- the repository stands alone -------------------------------------------------------------------
+
+TEXT_FOLDERS = ("dgpo_edge", "train", "export", "apps", "docs", "tests", "bench")
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".sh", ".json"}
+OUTSIDE_DOCUMENT = re.compile("DESIGN" + r"(\.md)?\s*§")     # split so this file does not match itself
+DOC_LINK = re.compile(r"(?:docs/|\()([\w.-]+\.md)#([\w-]+)")  # docs/<page>.md#<anchor>, or (<page>.md#<anchor>)
+
+
+def text_files() -> list[Path]:
+    files = [ROOT / "README.md"]
+    for folder in TEXT_FOLDERS:
+        files += [p for p in sorted((ROOT / folder).rglob("*")) if p.suffix in TEXT_SUFFIXES
+                  and "__snapshots__" not in p.parts and p.is_file()]
+    return files
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a markdown page's headings: lower case, punctuation dropped, spaces -> '-'."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_nothing_cites_a_design_document_outside_the_repository():
+    bad = [f"{p.relative_to(ROOT)}:{n}" for p in text_files()
+           for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if OUTSIDE_DOCUMENT.search(line)]
+    assert bad == [], "point to docs/architecture.md instead:\n" + "\n".join(bad)
+
+
+def test_links_to_doc_sections_name_headings_that_exist():
+    bad = []
+    for p in text_files():
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            for page, anchor in DOC_LINK.findall(line):
+                target = ROOT / "docs" / page
+                if not target.is_file() or anchor not in anchors(target):
+                    bad.append(f"{p.relative_to(ROOT)}:{n} links to docs/{page}#{anchor}")
+    assert bad == [], "no such page or heading:\n" + "\n".join(bad)
