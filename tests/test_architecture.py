@@ -39,6 +39,10 @@ ALLOWED = {
     "export": LAPTOP_BELOW_BUNDLE | {"bundle", "train"},
     "cli": set(SUBPACKAGE_ROOMS) | {"core"},
 }
+# Known imports against ALLOWED (docs/architecture.md, "Not yet"), each a debt to pay, not a rule:
+# `AgentPool.load` (the pool behind `dgpo-edge serve`) calls `bundle.load_agent` from inside the agent
+# room, though bundle imports agent. Moving that loader up to bundle or the serve command ends it.
+KNOWN_UPWARD_IMPORTS = {"dgpo_edge.agent.pool": ("dgpo_edge.bundle",)}
 # Export reads checkpoints, not trainers: the one training module it may import is the model
 # loader (`load_checkpoint`, `check_replaceable` in train/models.py). Issue 22 point 1 will gather
 # model loading in one module; this list then names that module instead.
@@ -212,7 +216,8 @@ def test_export_reads_checkpoints_not_trainers():
 @pytest.mark.parametrize("room", sorted(ALLOWED))
 def test_imports_between_rooms_point_down(room):
     bad = [f"{i.where()} ({room_of(i.target)})" for i in ALL if room_of(i.module) == room
-           and room_of(i.target) not in (None, room, *ALLOWED[room])]
+           and room_of(i.target) not in (None, room, *ALLOWED[room])
+           and not within(i.target, KNOWN_UPWARD_IMPORTS.get(i.module, ()))]
     assert bad == [], f"{room} may import only {sorted(ALLOWED[room])}:\n" + "\n".join(bad)
 
 
