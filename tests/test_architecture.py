@@ -4,8 +4,10 @@ Static, so nothing is imported and no optional dependency is needed: every .py
 file of the four source folders is parsed with `ast`, relative imports are
 resolved against the module's package, and imports inside functions count as
 much as those at the top of a file (a lazy import still runs when the function
-does). Only the torch rule distinguishes the two: torch may be imported lazily
-inside a function, never when a core module is imported.
+does). Two rules tell them apart: the CLI may import a stage, and the laptop
+side torch, only inside a function. The last tests keep the repository
+standing alone: no citation of a design document it does not hold, and every
+link to a doc heading names one that exists.
 """
 
 from __future__ import annotations
