@@ -1,4 +1,4 @@
-"""FactbookQA (issue §6): the built world and the pieces it is built from.
+"""FactbookQA (docs/factbookqa.md): the built world and the pieces it is built from.
 
 The world is built once per module (about 20 s). A second build with the same
 seed runs at the same time in a fresh interpreter with another hash seed, so the

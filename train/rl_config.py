@@ -3,11 +3,12 @@
 The three commands share one config tree; the command names the algorithm:
 
 - `ppo`  PPO with a critic (a value head on a copy of the student) and GAE.
-- `dgpo` `ppo` plus the selective teacher term (`teacher` section; DESIGN §6).
+- `dgpo` `ppo` plus the selective teacher term (`teacher` section).
 - `grpo` several samples per question, group-normalised advantages, no critic;
          the teacher term applies too when `teacher.path` is set.
 
-Defaults are the paper's hyperparameters (DESIGN §6) where they exist; the
+Defaults are the paper's hyperparameters where they exist (listed with the
+method in docs/architecture.md#dgpo-as-implemented-here); the
 shipped YAML files (train/configs/) scale batch sizes to one GPU. Loading,
 overrides and error reporting are config.py's.
 """

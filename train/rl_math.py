@@ -19,7 +19,7 @@ Map of the module:
     policy_loss, value_loss, entropy_from_logits      PPO losses
     CollapseWatch                                     reward-collapse alarm
 
-The DGPO recipe (DESIGN §6), step by step:
+The DGPO recipe (docs/architecture.md#dgpo-as-implemented-here), step by step:
 
     s          = exact match of the last answer, 0 or 1 per rollout
     rows       = selective_rows(s)                      # s < 0.1: only failed rollouts
@@ -400,8 +400,9 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 class CollapseWatch:
     """Warns when the reward's moving average falls far below its running best.
 
-    Small students under PPO can collapse late in training (DESIGN §6: GRPO
-    collapses on 0.5B, and DGPO without a cold start collapses late); this
+    Small students under PPO can collapse late in training (GRPO collapses on
+    0.5B, and DGPO without a cold start collapses late:
+    docs/architecture.md#dgpo-as-implemented-here); this
     catches it from the logged reward alone. The best is the highest moving
     average over full windows, so one lucky early batch cannot set it, and no
     alarm fires before the first window is full.

@@ -247,7 +247,7 @@ def evaluate_em(model: Any, tokenizer: Any, examples: Iterable[Any], retriever: 
     """Greedy rollouts over `examples`; mean EM, F1, cover-EM, searches, invalid turns.
 
     Always greedy, whatever `config.greedy` says (the public DGPO harness meant
-    to be greedy here and sampled instead; DESIGN §6).
+    to be greedy here and sampled instead; docs/architecture.md#dgpo-as-implemented-here).
     """
     pairs = [_question_and_golds(x) for x in examples]
     if not pairs:

@@ -1,6 +1,7 @@
 """The Search-R1 agent loop over one Engine and one Retriever, as a stream of typed events.
 
-One episode, exactly as Search-R1's `generation.py` runs it (DESIGN §2):
+One episode, exactly as Search-R1's `generation.py` runs it
+(docs/architecture.md#the-agent-protocol):
 
 1. The prompt is `protocol.render_prompt(question)` in the model's chat template.
 2. Up to `max_searches` turns in the loop: the model writes until `</search>`

@@ -1,6 +1,7 @@
 """Build a search index from a corpus: passage store, embeddings, FAISS; resumable.
 
-The engine behind `dgpo-edge index build CORPUS --out DIR` (DESIGN §3, §7).
+The engine behind `dgpo-edge index build CORPUS --out DIR` (docs/retrieval.md;
+resumable and atomic as docs/architecture.md#conventions asks).
 `build_index` writes into DIR:
 
 - `store.sqlite`: the passage store (`PassageStore`), row i = i-th corpus passage;
@@ -15,7 +16,7 @@ The engine behind `dgpo-edge index build CORPUS --out DIR` (DESIGN §3, §7).
   The same layout and writer (`compact.write_manifest`) as `dgpo-edge index
   compact`, so `open_index` reads either.
 
-Kinds: `flat` (exact), `ivfpq` (compact; sizing rules in `dense`), `hybrid`
+Kinds: `flat` (exact), `ivfpq` (compact; sizing rules in docs/retrieval.md), `hybrid`
 (ivfpq vectors + BM25, fused at query time), `bm25` (store only, no encoder).
 
 BM25 is built for every kind by default (`bm25=True`): it costs seconds, not

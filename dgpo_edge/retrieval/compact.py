@@ -1,7 +1,7 @@
 """Compaction: a Search-R1 Flat index and its corpus -> an IVF-PQ index plus passage store.
 
 The engine behind `dgpo-edge index compact --flat e5_Flat.index --corpus
-wiki-18.jsonl --out DIR` (DESIGN §3). Search-R1 ships `e5_Flat.index`, a FAISS
+wiki-18.jsonl --out DIR` (docs/retrieval.md). Search-R1 ships `e5_Flat.index`, a FAISS
 `IndexFlatIP` whose row i is the e5 vector of corpus line i: 21,015,324 x 768
 float32, 64.6 GB. `compact` turns it into
 
@@ -22,7 +22,7 @@ naming the file, not a faiss traceback.
 
 Parameter choices (`plan_ivfpq`) are `dense.plan_index`'s, the rules that
 `dgpo-edge index build` uses too, so compacting a Flat index and building from
-the corpus give the same factory for the same options (see `dense` for the
+the corpus give the same factory for the same options (docs/retrieval.md: the
 rules and the measurements behind them). `pq` is the code size in bytes per
 vector (the M of `PQ{M}` at 8 bits; default 64 for e5's 768 dims); with fewer
 than 9,984 training rows PQ gets fewer bits (never under 4) and M grows so the

@@ -1,6 +1,6 @@
 """Streaming corpus readers: every source becomes an iterator of `Passage`.
 
-Three inputs are understood (DESIGN §3):
+Three inputs are understood (docs/retrieval.md, "Corpus input"):
 
 - a Search-R1/FlashRAG jsonl file, one `{"id", "contents": "\\"Title\\"\\ntext"}` per line;
 - a folder of documents (.txt, .md, .pdf, .html), cut into ~100-word passages

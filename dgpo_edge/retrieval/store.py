@@ -1,6 +1,6 @@
 """The passage store: one SQLite file of zstd-compressed passages plus a BM25 index.
 
-Layout (DESIGN §3; stdlib sqlite3 + zstandard only):
+Layout (docs/retrieval.md, "Passage store"; stdlib sqlite3 + zstandard only):
 
 - `passages(row INTEGER PRIMARY KEY, id TEXT, body BLOB)`, with a unique
   index on the ids that are stored. `row` counts from 0 in input order, so
