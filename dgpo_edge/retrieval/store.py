@@ -14,14 +14,13 @@ Layout (DESIGN §3; stdlib sqlite3 + zstandard only):
   duplicate, refused at build time like any other.
 - `meta(key, value)`: format, compression (`zstd+dict` or `zstd`), level,
   the dictionary bytes, passage count, what built it.
-- `passages_fts`: a contentless FTS5 table (`content=''`, columns `body, title`,
-  unicode61 remove_diacritics 2) with rowid = row. Contentless keeps the text
-  out of the index; its bm25() scores are identical to those of a table that
+- `passages_fts`: the FTS5 table of `dgpo_edge.fts` (contentless, columns
+  `body, title`, unicode61 remove_diacritics 2) with rowid = row, searched with
+  that module's scoring, the one training uses. Contentless keeps the text out
+  of the index; its bm25() scores are identical to those of a table that
   stores the text, because detail=full keeps the positions bm25 counts. (With
   detail=column or none, FTS5 re-reads the text to count hits, and a
-  contentless table scores every row 0.) `body` comes first because FTS5
-  writes a column marker for every hit outside column 0: on wiki-18 passages
-  this ordering makes the index 25% smaller.
+  contentless table scores every row 0.)
 
 Passages are compressed one by one (random access after a FAISS search) with a
 dictionary trained on the head of the corpus, which is what makes ~600-byte
@@ -33,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sqlite3
 import struct
 import tempfile
@@ -44,14 +42,12 @@ from pathlib import Path
 
 import zstandard
 
-from .. import __version__
+from .. import __version__, fts
 from ..errors import InputError
 from ..jsonio import make_readable, require_file
 from ..protocol import Passage
 
 FORMAT = "dgpo-edge/passage-store/2"
-_FTS_TOKENIZER = "unicode61 remove_diacritics 2"
-_QUERY_WORD = re.compile(r"[^\W_]+")  # what unicode61 keeps as token characters
 _IN_BATCH = 500  # placeholders per `row IN (...)`, under every SQLite's limit
 PLAIN_LEVEL = 19  # small stores: every byte counts and speed does not
 DICT_LEVEL = 9  # large stores: 19 saves 0.5% on wiki-18 and triples the build time (hours there)
@@ -198,23 +194,22 @@ class PassageStore:
         for start in range(0, self._count, batch):
             yield from self.get_rows(range(start, min(start + batch, self._count)))
 
-    def bm25(self, query: str, k: int = 3, title_weight: float = 1.0) -> list[Passage]:
-        """Top-k passages for any of the query's words, best first.
+    def bm25(self, query: str, k: int = 3, title_weight: float = fts.TITLE_WEIGHT) -> list[Passage]:
+        """Top-k passages for any of the query's words, best first (`fts.search`).
 
-        Words are quoted one by one and OR-ed, so punctuation, quotes and FTS5
-        operators in user text are plain words; a query with no words gives [].
-        Scores are FTS5 bm25() negated (higher is better). `title_weight`
-        scales title hits relative to body hits.
+        Punctuation, quotes and FTS5 operators in user text are plain words; a
+        query with no words gives []. Scores are FTS5 bm25() negated (higher is
+        better). `title_weight` scales title hits relative to body hits; the
+        default is the one training retrieves with.
         """
         if not self.has_bm25:
             raise InputError("this store was built without a BM25 index", self.path)
-        words = _QUERY_WORD.findall(query)
-        if not words or k < 1:
-            return []
-        match = " OR ".join(f'"{w}"' for w in dict.fromkeys(words))
-        hits = self._query("SELECT rowid, bm25(passages_fts, 1.0, ?) AS s FROM passages_fts "
-                           "WHERE passages_fts MATCH ? ORDER BY s LIMIT ?", (title_weight, match, k))
-        return self.get_rows([r for r, _ in hits], [0.0 - s for _, s in hits])
+        with self._lock:
+            try:
+                hits = fts.search(self._db, "passages_fts", query, k, title_weight)
+            except sqlite3.DatabaseError as e:
+                raise InputError(f"corrupt passage store ({e})", self.path) from None
+        return self.get_rows([r for r, _ in hits], [s for _, s in hits])
 
     # --- internals ------------------------------------------------------------------
 
@@ -287,7 +282,7 @@ def _train(sample: list[Passage], level: int, dict_size: int) -> bytes | None:
 
 def _write_store(tmp: str, passages: Iterator[Passage], batch: int,
                  progress: Callable[[int], None] | None, level: int | None, dict_size: int,
-                 dict_min_passages: int, dict_sample_bytes: int, fts: bool) -> None:
+                 dict_min_passages: int, dict_sample_bytes: int, with_fts: bool) -> None:
     """Fill the (empty) temp file `tmp` with a complete store, then fsync it."""
     sample, whole = _take_sample(passages, dict_min_passages, dict_sample_bytes)
     dictionary = None
@@ -298,14 +293,14 @@ def _write_store(tmp: str, passages: Iterator[Passage], batch: int,
     codec = _Codec(level, dictionary)
     db = sqlite3.connect(tmp, isolation_level=None)
     try:
-        _create_schema(db, fts)
+        _create_schema(db, with_fts)
         db.execute("BEGIN")
-        count = _insert_all(db, codec, chain(sample, passages), batch, progress, fts)
+        count = _insert_all(db, codec, chain(sample, passages), batch, progress, with_fts)
         if count == 0:
             raise InputError("empty corpus: no passages to store")
-        if fts:
+        if with_fts:
             db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('optimize')")
-        _write_meta(db, level, dictionary, count, fts)
+        _write_meta(db, level, dictionary, count, with_fts)
         db.execute("COMMIT")
         # Give back the pages FTS5 freed when merging segments (a third of the
         # file on the wiki sample). Unlike VACUUM this needs no second copy of
@@ -335,7 +330,7 @@ def _take_sample(passages: Iterator[Passage], min_count: int,
     return sample, True
 
 
-def _create_schema(db: sqlite3.Connection, fts: bool) -> None:
+def _create_schema(db: sqlite3.Connection, with_fts: bool) -> None:
     """Tables; journal and sync are off because the file is a temp until renamed."""
     db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # must precede the first table
     db.execute("PRAGMA journal_mode = OFF")
@@ -344,13 +339,12 @@ def _create_schema(db: sqlite3.Connection, fts: bool) -> None:
     db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value)")
     db.execute("CREATE TABLE passages (row INTEGER PRIMARY KEY, id TEXT, body BLOB)")
     db.execute("CREATE UNIQUE INDEX passages_id ON passages(id) WHERE id IS NOT NULL")
-    if fts:
-        db.execute("CREATE VIRTUAL TABLE passages_fts USING fts5(body, title, content='', "
-                   f"tokenize='{_FTS_TOKENIZER}')")
+    if with_fts:
+        fts.create_table(db, "passages_fts")
 
 
 def _insert_all(db: sqlite3.Connection, codec: _Codec, passages: Iterator[Passage], batch: int,
-                progress: Callable[[int], None] | None, fts: bool) -> int:
+                progress: Callable[[int], None] | None, with_fts: bool) -> int:
     """Insert every passage in `batch`-sized executemany calls; returns the count."""
     row = 0
     while chunk := list(islice(passages, batch)):
@@ -360,9 +354,8 @@ def _insert_all(db: sqlite3.Connection, codec: _Codec, passages: Iterator[Passag
             db.executemany("INSERT INTO passages VALUES (?, ?, ?)", records)
         except sqlite3.IntegrityError:
             raise _duplicate_error(db, records) from None
-        if fts:
-            db.executemany("INSERT INTO passages_fts(rowid, body, title) VALUES (?, ?, ?)",
-                           [(r, p.text, p.title) for (r, *_), p in zip(records, chunk)])
+        if with_fts:
+            fts.insert(db, "passages_fts", ((r, p) for (r, *_), p in zip(records, chunk)))
         row += len(chunk)
         if progress is not None:
             progress(len(chunk))
@@ -400,15 +393,15 @@ def _duplicate_error(db: sqlite3.Connection, records: list[tuple]) -> InputError
 
 
 def _write_meta(db: sqlite3.Connection, level: int, dictionary: bytes | None, count: int,
-                fts: bool) -> None:
+                with_fts: bool) -> None:
     """Record how to read the file back and what produced it."""
     meta = {
         "format": FORMAT,
         "compression": "zstd+dict" if dictionary is not None else "zstd",
         "level": str(level),
         "count": str(count),
-        "fts": "1" if fts else "0",
-        "fts_tokenizer": _FTS_TOKENIZER if fts else "",
+        "fts": "1" if with_fts else "0",
+        "fts_tokenizer": fts.TOKENIZER if with_fts else "",
         "created_by": f"dgpo-edge {__version__}, zstandard {zstandard.__version__}, "
                       f"SQLite {sqlite3.sqlite_version}",
     }
