@@ -44,7 +44,7 @@ def detect_pre_tokenizer(tokenizer: dict[str, Any]) -> str:
     parts = _steps(tokenizer.get("pre_tokenizer"), "pretokenizers")
     kinds = [p.get("type") for p in parts]
     if kinds == ["ByteLevel"] and parts[0].get("use_regex", True):
-        return "gpt2"
+        return "gpt-2"  # llama.cpp's name for GPT-2's split regex ("gpt2" is the model type)
     if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") \
             and parts[1].get("use_regex", True):
         return "smollm"
