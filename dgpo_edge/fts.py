@@ -35,7 +35,10 @@ def create_table(db: sqlite3.Connection, name: str) -> None:
 
 
 def insert(db: sqlite3.Connection, name: str, rows: Iterable[tuple[int, Passage]]) -> None:
-    """Index `(row, passage)` pairs; the row is the FTS5 rowid search returns."""
+    """Index `(row, passage)` pairs; the row is the FTS5 rowid search returns.
+
+    The passage store writes the same `(rowid, body=text, title)` rows in its own batches.
+    """
     db.executemany(f"INSERT INTO {name}(rowid, body, title) VALUES (?, ?, ?)",
                    ((row, p.text, p.title) for row, p in rows))
 

@@ -42,8 +42,10 @@ from pathlib import Path
 
 import zstandard
 
-from .. import __version__, fts
+from .. import __version__
 from ..errors import InputError
+from ..fts import TITLE_WEIGHT, TOKENIZER as _FTS_TOKENIZER, create_table as _create_fts_table, \
+    search as _search_fts
 from ..jsonio import make_readable, require_file
 from ..protocol import Passage
 
@@ -194,8 +196,8 @@ class PassageStore:
         for start in range(0, self._count, batch):
             yield from self.get_rows(range(start, min(start + batch, self._count)))
 
-    def bm25(self, query: str, k: int = 3, title_weight: float = fts.TITLE_WEIGHT) -> list[Passage]:
-        """Top-k passages for any of the query's words, best first (`fts.search`).
+    def bm25(self, query: str, k: int = 3, title_weight: float = TITLE_WEIGHT) -> list[Passage]:
+        """Top-k passages for any of the query's words, best first (`dgpo_edge.fts.search`).
 
         Punctuation, quotes and FTS5 operators in user text are plain words; a
         query with no words gives []. Scores are FTS5 bm25() negated (higher is
@@ -206,7 +208,7 @@ class PassageStore:
             raise InputError("this store was built without a BM25 index", self.path)
         with self._lock:
             try:
-                hits = fts.search(self._db, "passages_fts", query, k, title_weight)
+                hits = _search_fts(self._db, "passages_fts", query, k, title_weight)
             except sqlite3.DatabaseError as e:
                 raise InputError(f"corrupt passage store ({e})", self.path) from None
         return self.get_rows([r for r, _ in hits], [s for _, s in hits])
@@ -282,7 +284,7 @@ def _train(sample: list[Passage], level: int, dict_size: int) -> bytes | None:
 
 def _write_store(tmp: str, passages: Iterator[Passage], batch: int,
                  progress: Callable[[int], None] | None, level: int | None, dict_size: int,
-                 dict_min_passages: int, dict_sample_bytes: int, with_fts: bool) -> None:
+                 dict_min_passages: int, dict_sample_bytes: int, fts: bool) -> None:
     """Fill the (empty) temp file `tmp` with a complete store, then fsync it."""
     sample, whole = _take_sample(passages, dict_min_passages, dict_sample_bytes)
     dictionary = None
@@ -293,14 +295,14 @@ def _write_store(tmp: str, passages: Iterator[Passage], batch: int,
     codec = _Codec(level, dictionary)
     db = sqlite3.connect(tmp, isolation_level=None)
     try:
-        _create_schema(db, with_fts)
+        _create_schema(db, fts)
         db.execute("BEGIN")
-        count = _insert_all(db, codec, chain(sample, passages), batch, progress, with_fts)
+        count = _insert_all(db, codec, chain(sample, passages), batch, progress, fts)
         if count == 0:
             raise InputError("empty corpus: no passages to store")
-        if with_fts:
+        if fts:
             db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('optimize')")
-        _write_meta(db, level, dictionary, count, with_fts)
+        _write_meta(db, level, dictionary, count, fts)
         db.execute("COMMIT")
         # Give back the pages FTS5 freed when merging segments (a third of the
         # file on the wiki sample). Unlike VACUUM this needs no second copy of
@@ -330,7 +332,7 @@ def _take_sample(passages: Iterator[Passage], min_count: int,
     return sample, True
 
 
-def _create_schema(db: sqlite3.Connection, with_fts: bool) -> None:
+def _create_schema(db: sqlite3.Connection, fts: bool) -> None:
     """Tables; journal and sync are off because the file is a temp until renamed."""
     db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # must precede the first table
     db.execute("PRAGMA journal_mode = OFF")
@@ -339,12 +341,12 @@ def _create_schema(db: sqlite3.Connection, with_fts: bool) -> None:
     db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value)")
     db.execute("CREATE TABLE passages (row INTEGER PRIMARY KEY, id TEXT, body BLOB)")
     db.execute("CREATE UNIQUE INDEX passages_id ON passages(id) WHERE id IS NOT NULL")
-    if with_fts:
-        fts.create_table(db, "passages_fts")
+    if fts:
+        _create_fts_table(db, "passages_fts")
 
 
 def _insert_all(db: sqlite3.Connection, codec: _Codec, passages: Iterator[Passage], batch: int,
-                progress: Callable[[int], None] | None, with_fts: bool) -> int:
+                progress: Callable[[int], None] | None, fts: bool) -> int:
     """Insert every passage in `batch`-sized executemany calls; returns the count."""
     row = 0
     while chunk := list(islice(passages, batch)):
@@ -354,8 +356,9 @@ def _insert_all(db: sqlite3.Connection, codec: _Codec, passages: Iterator[Passag
             db.executemany("INSERT INTO passages VALUES (?, ?, ?)", records)
         except sqlite3.IntegrityError:
             raise _duplicate_error(db, records) from None
-        if with_fts:
-            fts.insert(db, "passages_fts", ((r, p) for (r, *_), p in zip(records, chunk)))
+        if fts:
+            db.executemany("INSERT INTO passages_fts(rowid, body, title) VALUES (?, ?, ?)",
+                           [(r, p.text, p.title) for (r, *_), p in zip(records, chunk)])
         row += len(chunk)
         if progress is not None:
             progress(len(chunk))
@@ -393,15 +396,15 @@ def _duplicate_error(db: sqlite3.Connection, records: list[tuple]) -> InputError
 
 
 def _write_meta(db: sqlite3.Connection, level: int, dictionary: bytes | None, count: int,
-                with_fts: bool) -> None:
+                fts: bool) -> None:
     """Record how to read the file back and what produced it."""
     meta = {
         "format": FORMAT,
         "compression": "zstd+dict" if dictionary is not None else "zstd",
         "level": str(level),
         "count": str(count),
-        "fts": "1" if with_fts else "0",
-        "fts_tokenizer": fts.TOKENIZER if with_fts else "",
+        "fts": "1" if fts else "0",
+        "fts_tokenizer": _FTS_TOKENIZER if fts else "",
         "created_by": f"dgpo-edge {__version__}, zstandard {zstandard.__version__}, "
                       f"SQLite {sqlite3.sqlite_version}",
     }
