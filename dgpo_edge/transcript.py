@@ -62,6 +62,11 @@ class TokenizedTranscript:
         """Number of leading forced tokens (the prompt the first turn continues)."""
         return next((i for i, m in enumerate(self.mask) if m), len(self.mask))
 
+    def add(self, segment: Segment, ids: list[int]) -> None:
+        """Append one segment's ids; the mask is 1 on generated (turn) tokens only."""
+        self.ids.extend(ids)
+        self.mask.extend([1 if segment.generated else 0] * len(ids))
+
 
 @dataclass
 class Transcript:
@@ -136,13 +141,11 @@ class Transcript:
     # -- tokens ------------------------------------------------------------------
     def tokenize(self, encode: Encoder) -> TokenizedTranscript:
         """Concatenate each segment's ids (see the module docstring for why)."""
-        ids: list[int] = []
-        mask: list[int] = []
+        out = TokenizedTranscript([], [])
         for s in self.segments:
             seg_ids = list(s.token_ids) if s.token_ids is not None else encode(s.text)
-            ids.extend(seg_ids)
-            mask.extend([1 if s.generated else 0] * len(seg_ids))
-        return TokenizedTranscript(ids, mask)
+            out.add(s, seg_ids)
+        return out
 
     # -- serialisation -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

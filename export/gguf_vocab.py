@@ -41,11 +41,10 @@ class GGUFVocab:
 
 def detect_pre_tokenizer(tokenizer: dict[str, Any]) -> str:
     """llama.cpp's pre-tokenizer name for a tokenizer.json, or InputError if we know none."""
-    pre = tokenizer.get("pre_tokenizer") or {}
-    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    parts = _steps(tokenizer.get("pre_tokenizer"), "pretokenizers")
     kinds = [p.get("type") for p in parts]
     if kinds == ["ByteLevel"] and parts[0].get("use_regex", True):
-        return "gpt2"
+        return "gpt-2"  # llama.cpp's name for GPT-2's split regex ("gpt2" is the model type)
     if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") \
             and parts[1].get("use_regex", True):
         return "smollm"
@@ -55,6 +54,38 @@ def detect_pre_tokenizer(tokenizer: dict[str, Any]) -> str:
             return _SPLIT_REGEXES[regex]
     raise InputError(f"tokenizer pre-tokenizer {kinds} is not one llama.cpp knows by name "
                      "(supported: Qwen2, Llama 3, SmolLM, GPT-2 byte-level BPE)")
+
+
+def _steps(part: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
+    """The steps of a pre-tokenizer or decoder, flattening one Sequence."""
+    part = part or {}
+    return part.get(key, []) if part.get("type") == "Sequence" else [part]
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's byte-level alphabet: the symbol ByteLevel writes for each byte 0..255."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+def _fallback_is_inert(tokenizer: dict[str, Any]) -> bool:
+    """Whether `byte_fallback: true` can never change an encoding or a decoding.
+
+    transformers 5.17's `from_pretrained(gguf_file=...)` writes byte-level BPE with
+    `byte_fallback: true` and a ByteFallback/Fuse/Replace/ByteLevel decoder. After a ByteLevel
+    pre-tokenizer every character is one byte's symbol; the fallback only fires for a symbol
+    missing from the vocabulary, and then only writes a `<0xXX>` token the vocabulary has (else
+    the model's unk, as without the fallback). So it is inert when every byte has its symbol or
+    no `<0xXX>` token; a decoder ending in ByteLevel decodes as llama.cpp does. SentencePiece
+    tokenizers fail these tests.
+    """
+    pres = _steps(tokenizer.get("pre_tokenizer"), "pretokenizers")
+    decoders = [d.get("type") for d in _steps(tokenizer.get("decoder"), "decoders")]
+    vocab = (tokenizer.get("model") or {}).get("vocab") or {}
+    return (any(p.get("type") == "ByteLevel" for p in pres)
+            and decoders[-1:] == ["ByteLevel"] and set(decoders[:-1]) <= {"ByteFallback", "Fuse", "Replace"}
+            and all(sym in vocab or f"<0x{b:02X}>" not in vocab for b, sym in enumerate(_byte_symbols())))
 
 
 def _merge_text(merge: Any) -> str:
@@ -80,7 +111,7 @@ def build_vocab(tokenizer: dict[str, Any], tokenizer_config: dict[str, Any],
     `[PAD{i}]` tokens of type UNUSED, as llama.cpp's own converter writes them.
     """
     model = tokenizer.get("model") or {}
-    if model.get("type") != "BPE" or model.get("byte_fallback"):
+    if model.get("type") != "BPE" or (model.get("byte_fallback") and not _fallback_is_inert(tokenizer)):
         raise InputError(f"tokenizer model {model.get('type')!r} is not byte-level BPE "
                          "(SentencePiece tokenizers are not supported)")
     pre = pre or detect_pre_tokenizer(tokenizer)

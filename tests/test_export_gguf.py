@@ -22,10 +22,12 @@ pytest.importorskip("gguf")
 pytest.importorskip("llama_cpp")
 
 from dgpo_edge.export.gguf_verify import open_llama, verify_gguf  # noqa: E402
-from dgpo_edge.export.gguf_vocab import detect_pre_tokenizer  # noqa: E402
+from dgpo_edge.errors import InputError  # noqa: E402
+from dgpo_edge.export.gguf_vocab import build_vocab, detect_pre_tokenizer  # noqa: E402
 from dgpo_edge.export.gguf_writer import write_gguf  # noqa: E402
 from dgpo_edge.export.parity import PARITY_TEXTS, Reference  # noqa: E402
 from dgpo_edge.train import models  # noqa: E402
+from train_helpers import smol_tokenizer_dir, tiny_model_dir  # noqa: E402
 
 PARITY_KEYS = {"format", "quant", "tokenizer_match", "max_abs_logit_diff", "top1_agreement",
                "n_tokens", "versions", "passed"}
@@ -168,7 +170,83 @@ def test_pre_tokenizer_detection(qwen_dir, smol_qwen_dir):
     smol = json.loads((smol_qwen_dir / "tokenizer.json").read_text())
     assert detect_pre_tokenizer(qwen) == "qwen2"
     assert detect_pre_tokenizer(smol) == "smollm"
-    assert detect_pre_tokenizer({"pre_tokenizer": {"type": "ByteLevel"}}) == "gpt2"
+    assert detect_pre_tokenizer({"pre_tokenizer": {"type": "ByteLevel"}}) == "gpt-2"
+
+
+# ------------------------------------------------ the byte-fallback form (transformers 5.17)
+
+# The decoder `model from-gguf` writes under transformers 5.17: SentencePiece-style steps in
+# front of the ByteLevel one, over an unchanged ByteLevel pre-tokenizer.
+FALLBACK_DECODER = {"type": "Sequence", "decoders": [
+    {"type": "ByteFallback"}, {"type": "Fuse"},
+    {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+    {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}
+MORE_TEXTS = ("Tanzania internet country code", "Nayramadlin and Pyongyang", "\x00\x1f\x7f control bytes",
+              "\u2581 a lower one eighth block", "<0x41> not a byte token", "tab\tend\r\n")
+
+
+def byte_fallback_form(tokenizer: dict, lone_byte_level: bool) -> dict:
+    """`tokenizer` (a byte-level BPE tokenizer.json) rewritten into the 5.17 form.
+
+    `lone_byte_level`: the pre-tokenizer becomes a single ByteLevel (SmolLM2's digit
+    splitting dropped), else SmolLM2's Digits + ByteLevel stays.
+    """
+    out = {**tokenizer, "model": {**tokenizer["model"], "byte_fallback": True}, "decoder": FALLBACK_DECODER}
+    if lone_byte_level:
+        out["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                "use_regex": True}
+    return out
+
+
+@pytest.mark.parametrize("lone_byte_level", [False, True], ids=["smollm-pre", "bytelevel-pre"])
+def test_byte_fallback_form_exports_and_tokenizes_identically(tmp_path, tmp_path_factory, lone_byte_level):
+    """The form is still byte-level BPE: export succeeds and llama.cpp encodes as it does."""
+    from tokenizers import Tokenizer
+
+    src = tiny_model_dir(smol_tokenizer_dir(tmp_path_factory), tmp_path / "ckpt")
+    path = src / "tokenizer.json"
+    original = Tokenizer.from_file(str(path))
+    path.write_text(json.dumps(byte_fallback_form(json.loads(path.read_text()), lone_byte_level)))
+    rewritten = Tokenizer.from_file(str(path))
+    assert rewritten.model.byte_fallback is True
+    out = tmp_path / "m.gguf"
+    result = invoke("export", "gguf", src, "--out", out, "--quant", "f16")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "m.gguf.parity.json").read_text())["tokenizer_match"] is True
+    from gguf import GGUFReader
+
+    assert GGUFReader(out).fields["tokenizer.ggml.pre"].contents() == ("gpt-2" if lone_byte_level else "smollm")
+    vocab = open_llama(out, vocab_only=True)
+    for text in PARITY_TEXTS + MORE_TEXTS:
+        want = rewritten.encode(text, add_special_tokens=False).ids
+        assert vocab.tokenize(text.encode(), add_bos=False, special=True) == want, text
+        if not lone_byte_level:  # only the fallback and the decoder changed: the original's ids
+            assert want == original.encode(text, add_special_tokens=False).ids, text
+        assert rewritten.decode(want, skip_special_tokens=False) == original.decode(want, skip_special_tokens=False)
+
+
+def _toy_tokenizer(pre: dict, vocab: dict[str, int], decoder: dict) -> dict:
+    model = {"type": "BPE", "byte_fallback": True, "vocab": vocab, "merges": []}
+    return {"model": model, "pre_tokenizer": pre, "decoder": decoder, "added_tokens": []}
+
+
+def test_byte_fallback_is_refused_where_it_could_fire():
+    """A byte-fallback BPE that is not byte-level (SentencePiece) or lacks byte pieces is still refused."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
+    level = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+    assert build_vocab(_toy_tokenizer(level, alphabet, FALLBACK_DECODER), {}, {}).pre == "gpt-2"
+    # a symbol missing is harmless (SmolLM2 lacks some) until a byte token could stand in for it
+    no_a = {c: i for c, i in alphabet.items() if c != "A"}
+    assert build_vocab(_toy_tokenizer(level, no_a, FALLBACK_DECODER), {}, {}).pre == "gpt-2"
+    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always"}
+    spm_decoder = {"type": "Sequence", "decoders": FALLBACK_DECODER["decoders"][:3]}
+    for pre, vocab, decoder in [(level, {**no_a, "<0x41>": 999}, FALLBACK_DECODER),
+                                (level, alphabet, spm_decoder),
+                                (metaspace, alphabet, spm_decoder)]:
+        with pytest.raises(InputError, match="is not byte-level BPE"):
+            build_vocab(_toy_tokenizer(pre, vocab, decoder), {}, {})
 
 
 # ------------------------------------------------------------------ bad input

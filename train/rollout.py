@@ -1,11 +1,12 @@
 """Batched multi-turn Search-R1 rollouts: the training side of the agent protocol.
 
 `generate_rollouts` plays many episodes at once. Each round, every row that is
-still running generates one turn (batched, one engine call), the turns are
-parsed with the protocol code the edge agent uses, all searches of the round
-go to the retriever in one `search(queries, k)` call, and the observations are
-appended. After `max_searches` rounds comes one last turn in which a search
-is not executed (Search-R1's final rollout).
+still running generates one turn (batched, one engine call), each row's
+`dgpo_edge.episode.Episode` (the state machine the edge agent drives too)
+decides what the turn does, all searches of the round go to the retriever in
+one `search(queries, k)` call, and the observations are appended. After
+`max_searches` rounds comes one last turn in which a search is not executed
+(Search-R1's final rollout).
 
 Each `Rollout` carries what PPO, GRPO and DGPO consume: the token ids of the
 whole episode (segment-wise, as `Transcript.tokenize` builds them: a turn keeps
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import protocol
+from ..episode import Episode
 from ..metrics import cover_exact_match, exact_match, f1_score
 from ..protocol import ProtocolConfig
 from ..retrieval.base import Retriever
@@ -101,34 +103,13 @@ class Rollout:
         return sum(self.loss_mask)
 
 
-class _Episode:
-    """Mutable state of one running episode."""
-
-    def __init__(self, question: str, golds: Sequence[str], prompt: str, encode):
-        self.transcript = Transcript(question)
-        self.transcript.append_prompt(prompt)
-        self.golds = tuple(golds)
-        self.ids: list[int] = list(encode(prompt))
-        self.mask: list[int] = [0] * len(self.ids)
-        self.logprobs: list[float] = [0.0] * len(self.ids)
-        self.finish: str | None = None
-
-    def add_forced(self, ids: Sequence[int]) -> None:
-        self.ids.extend(ids)
-        self.mask.extend([0] * len(ids))
-        self.logprobs.extend([0.0] * len(ids))
-
-    def add_turn(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
-        self.ids.extend(ids)
-        self.mask.extend([1] * len(ids))
-        self.logprobs.extend(logprobs)
-
-    def result(self) -> Rollout:
-        t = self.transcript
-        answer = t.answer()
-        return Rollout(t.question, self.golds, t, self.ids, self.mask, self.logprobs, answer,
-                       exact_match(answer, self.golds) if self.golds else 0.0,
-                       len(t.searches()), t.n_invalid, self.finish or "final")
+def _result(e: Episode, golds: tuple[str, ...]) -> Rollout:
+    """The finished episode as a Rollout scored against `golds`."""
+    t = e.transcript
+    answer = t.answer()
+    return Rollout(t.question, golds, t, e.ids, e.mask, e.logprobs, answer,
+                   exact_match(answer, golds) if golds else 0.0,
+                   len(t.searches()), t.n_invalid, e.finish or "final")
 
 
 def make_engine(model: Any, tokenizer: Any, config: RolloutConfig) -> Any:
@@ -174,9 +155,9 @@ def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
         for start in range(0, len(questions), config.batch_size):
             qs = questions[start:start + config.batch_size]
             gs = golds[start:start + config.batch_size] if golds is not None else [()] * len(qs)
-            episodes = [_Episode(q, g, render(q, tokenizer, config), encode) for q, g in zip(qs, gs)]
-            _play(episodes, engine, tokenizer, retriever, config, generator, encode)
-            out.extend(e.result() for e in episodes)
+            episodes = [Episode(q, render(q, tokenizer, config), encode, config.protocol) for q in qs]
+            _play(episodes, engine, tokenizer, retriever, config, generator)
+            out.extend(_result(e, tuple(g)) for e, g in zip(episodes, gs))
             if on_batch is not None:
                 on_batch(len(qs))
     finally:
@@ -184,52 +165,38 @@ def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
     return out
 
 
-def _play(episodes: list[_Episode], engine: Any, tokenizer: Any, retriever: Retriever | None,
-          config: RolloutConfig, generator: Any, encode) -> None:
-    """Run the rounds of one batch of episodes to the end."""
-    pc = config.protocol
+def _play(episodes: list[Episode], engine: Any, tokenizer: Any, retriever: Retriever | None,
+          config: RolloutConfig, generator: Any) -> None:
+    """Run one batch of episodes to the end, one turn of every running row per engine call.
+
+    The episodes decide answer / final turn / search / invalid feedback and the budgets
+    (`dgpo_edge.episode`, as the laptop agent does); this loop only batches the turns and
+    the searches of a round.
+    """
     sampling = config.sampling()
-    for rnd in range(pc.max_searches + 1):
-        final = rnd == pc.max_searches
-        active = []
-        for e in episodes:
-            if e.finish is None and len(e.ids) >= pc.max_total_tokens:
-                e.finish = "budget"
-            if e.finish is None:
-                active.append(e)
-        if not active:
+    while True:
+        rows = [(e, n) for e in episodes if not e.done and (n := e.turn_tokens()) > 0]
+        if not rows:
             return
-        budgets = [min(pc.max_turn_tokens, pc.max_total_tokens - len(e.ids)) for e in active]
-        turns = engine.decode([e.ids for e in active], budgets, sampling, generator)
-        searching: list[tuple[_Episode, str]] = []
-        for e, turn in zip(active, turns):
+        turns = engine.decode([e.ids for e, _ in rows], [n for _, n in rows], sampling, generator)
+        searching: list[tuple[Episode, str]] = []
+        for (e, _), turn in zip(rows, turns):
             text = tokenizer.decode(turn.ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            action = e.transcript.append_turn(text, turn.ids)
-            e.add_turn(turn.ids, turn.logprobs)
-            if action.kind == "answer":
-                e.finish = "answer"
-            elif final:
-                e.finish = "final"       # the last turn: a search is not executed
-            elif action.kind == "search":
-                searching.append((e, action.content))
-            else:
-                e.add_forced(encode(e.transcript.append_feedback()))
-        _observe(searching, retriever, pc, encode)
+            step = e.add_turn(text, turn.ids, turn.logprobs)
+            if step.kind == "search":
+                searching.append((e, step.query))
+        _observe(searching, retriever, config.protocol.top_k)
 
 
-def _observe(searching: list[tuple[_Episode, str]], retriever: Retriever | None,
-             pc: ProtocolConfig, encode) -> None:
-    """All searches of a round in one retriever call; append each row's observation."""
+def _observe(searching: list[tuple[Episode, str]], retriever: Retriever | None, top_k: int) -> None:
+    """All searches of a round in one retriever call; each row appends its observation."""
     if not searching:
         return
     if retriever is None:
         raise ValueError("a rollout issued a search but no retriever was given")
-    results = retriever.search([q for _, q in searching], pc.top_k)
-    count = lambda s: len(encode(s))  # noqa: E731 - the observation budget counts model tokens
+    results = retriever.search([q for _, q in searching], top_k)
     for (e, query), passages in zip(searching, results):
-        block = protocol.information_block(passages, pc.max_obs_tokens, count)
-        e.transcript.append_information(query, list(passages), block=block)
-        e.add_forced(encode(block))
+        e.observe(query, passages)
 
 
 # --- evaluation -----------------------------------------------------------------

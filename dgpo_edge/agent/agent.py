@@ -1,7 +1,9 @@
 """The Search-R1 agent loop over one Engine and one Retriever, as a stream of typed events.
 
 One episode, exactly as Search-R1's `generation.py` runs it
-(docs/architecture.md#the-agent-protocol):
+(docs/architecture.md#the-agent-protocol). The rules below live in
+`dgpo_edge.episode.Episode`, which the training rollouts drive too; this
+module generates the turns, calls the retriever and streams events:
 
 1. The prompt is `protocol.render_prompt(question)` in the model's chat template.
 2. Up to `max_searches` turns in the loop: the model writes until `</search>`
@@ -31,8 +33,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .. import protocol
 from ..arc import gold_in_passages
+from ..episode import Episode
 from ..protocol import Passage, ProtocolConfig
 from ..retrieval.base import Retriever
 from ..transcript import Transcript
@@ -104,13 +106,11 @@ class Agent:
 
     # -- the episode -----------------------------------------------------------------------------------
     def _episode(self, question: str, stop: threading.Event | None) -> Iterator[Event]:
-        cfg, engine = self.config, self.engine
+        """Drive an `Episode` (the rules training shares) and turn its steps into events."""
         t0 = time.perf_counter()
         deadline = None if self.timeout_s is None else t0 + self.timeout_s
-        timings = Timings()
-        transcript = Transcript(question)
-        result = AgentResult(question=question, answer=None, transcript=transcript, timings=timings)
-        budget = min(cfg.max_total_tokens, engine.n_ctx)
+        result = AgentResult(question=question, answer=None, transcript=Transcript(question), timings=Timings())
+        ids: list[int] = []
 
         def check() -> None:
             if stop is not None and stop.is_set():
@@ -118,45 +118,12 @@ class Agent:
             if deadline is not None and time.perf_counter() > deadline:
                 raise _Stop("timeout", f"after {self.timeout_s:g} s")
 
-        ids: list[int] = []
         try:
-            prompt = engine.render_prompt(question)   # ValueError for an empty question
-            transcript.append_prompt(prompt)
-            ids = engine.encode(prompt)
-            turn = 0
-            while True:
-                check()
-                final = turn >= cfg.max_searches
-                room = budget - len(ids)
-                if room <= 0:
-                    raise _Stop("token_budget", f"{len(ids)} of {budget} tokens used")
-                yield TurnStarted(turn)
-                yield from self._generate(turn, ids, min(cfg.max_turn_tokens, room), check, transcript, timings)
-                action = transcript.turns()[-1].action
-                assert action is not None
-                if action.kind == "answer":
-                    result.answer = action.content
-                    result.stop_reason = "answer"
-                    break
-                if final:
-                    raise _Stop("max_turns", f"no answer after {turn + 1} turns")
-                if action.kind == "search":
-                    result.searches.append(action.content)
-                    yield SearchIssued(turn, action.content)
-                    check()
-                    passages, ms = self._search(action.content)
-                    timings.retrieval_s += ms / 1000
-                    block = protocol.information_block(passages, cfg.max_obs_tokens, engine.count_tokens)
-                    transcript.append_information(action.content, passages, block=block)
-                    ids.extend(engine.encode(block))
-                    _add_unique(result.passages, passages)
-                    yield PassagesRetrieved(turn, action.content, tuple(passages), ms)
-                else:
-                    transcript.append_feedback()
-                    ids.extend(engine.encode(protocol.INVALID_ACTION_FEEDBACK))
-                    result.invalid_actions += 1
-                    yield InvalidAction(turn)
-                turn += 1
+            episode = self._start(question)   # ValueError for an empty question
+            result.transcript, ids = episode.transcript, episode.ids
+            while not episode.done:
+                yield from self._round(episode, result, check)
+            result.stop_reason = "answer"
         except _Stop as s:
             result.stop_reason = s.reason
             reason = s.reason if not s.detail else f"{s.reason}: {s.detail}"
@@ -168,10 +135,40 @@ class Agent:
             return
         yield from self._finish(result, t0, ids, Answered(result))
 
-    def _generate(self, turn: int, ids: list[int], max_new: int, check: Any, transcript: Transcript,
-                  timings: Timings) -> Iterator[Event]:
-        """One turn: stream its deltas; append the turn (even a cut-off one) to the transcript and `ids`."""
-        gen = self.engine.generate(ids, max_new, self.sampling)
+    def _start(self, question: str) -> Episode:
+        engine = self.engine
+        return Episode(question, engine.render_prompt(question), engine.encode, self.config,
+                       max_tokens=engine.n_ctx, count_tokens=engine.count_tokens)
+
+    def _round(self, episode: Episode, result: AgentResult, check: Any) -> Iterator[Event]:
+        """One turn and what follows it; raises _Stop when the episode ends without an answer."""
+        check()
+        turn, max_new = episode.turn, episode.turn_tokens()
+        if episode.finish == "budget":
+            raise _Stop("token_budget", f"{len(episode.ids)} of {episode.budget} tokens used")
+        yield TurnStarted(turn)
+        yield from self._generate(turn, episode, max_new, check, result.timings)
+        step = episode.decide(episode.transcript.turns()[-1].action)
+        if step.kind == "answer":
+            result.answer = step.action.content
+        elif step.kind == "final":
+            raise _Stop("max_turns", f"no answer after {turn + 1} turns")
+        elif step.kind == "search":
+            result.searches.append(step.query)
+            yield SearchIssued(turn, step.query)
+            check()
+            passages, ms = self._search(step.query)
+            result.timings.retrieval_s += ms / 1000
+            shown = episode.observe(step.query, passages)
+            _add_unique(result.passages, shown)
+            yield PassagesRetrieved(turn, step.query, tuple(shown), ms)
+        else:
+            result.invalid_actions += 1
+            yield InvalidAction(turn)
+
+    def _generate(self, turn: int, episode: Episode, max_new: int, check: Any, timings: Timings) -> Iterator[Event]:
+        """One turn: stream its deltas; record the turn (even a cut-off one) in the episode."""
+        gen = self.engine.generate(episode.ids, max_new, self.sampling)
         stopped: _Stop | None = None
         try:
             for delta in gen:
@@ -184,8 +181,7 @@ class Agent:
         finally:
             gen.close()
             r = gen.result
-            transcript.append_turn(r.text, r.token_ids)
-            ids.extend(r.token_ids)
+            episode.record_turn(r.text, r.token_ids)
             timings.prompt_tokens += r.prompt_tokens
             timings.new_tokens += r.new_tokens
             timings.prompt_s += r.prompt_s
@@ -194,14 +190,12 @@ class Agent:
         yield TurnFinished(turn, r.new_tokens, r.prompt_tokens, r.decode_s, r.tokens_per_s)
         if stopped is not None:
             raise stopped
-        return r
 
     def _search(self, query: str) -> tuple[list[Passage], float]:
         t = time.perf_counter()
         found = self.retriever.search([query], k=self.config.top_k)
         ms = (time.perf_counter() - t) * 1000
-        passages = list(found[0]) if found else []
-        return passages[: self.config.top_k], ms
+        return (list(found[0]) if found else []), ms
 
     def _finish(self, result: AgentResult, t0: float, ids: list[int], event: Event) -> Iterator[Event]:
         result.timings.total_s = time.perf_counter() - t0

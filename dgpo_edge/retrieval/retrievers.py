@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..fts import TITLE_WEIGHT
 from ..errors import InputError
 from ..protocol import Passage
 from .base import Encoder, EncoderSpec, Retriever
@@ -122,9 +123,9 @@ class DenseRetriever(Searcher):
 
 
 class BM25Retriever(Searcher):
-    """The store's FTS5 BM25; no encoder, no FAISS. `title_weight` scales title hits."""
+    """The store's FTS5 BM25 (`dgpo_edge.fts`, training's scoring); no encoder, no FAISS."""
 
-    def __init__(self, store: PassageStore, title_weight: float = 1.0):
+    def __init__(self, store: PassageStore, title_weight: float = TITLE_WEIGHT):
         if not store.has_bm25:
             raise InputError("this index was built without BM25 (--no-bm25); use a dense kind or rebuild",
                              store.path)
@@ -182,7 +183,7 @@ def rrf(lists: Sequence[Sequence[Passage]], k: int, rrf_k: int = 60) -> list[Pas
 
 def open_index(index_dir: str | Path, encoder: str | Encoder | None = None, threads: int | None = None,
                nprobe: int | None = None, *, kind: str | None = None, mmap: bool = False,
-               verify: bool = False, title_weight: float = 1.0, rrf_k: int = 60,
+               verify: bool = False, title_weight: float = TITLE_WEIGHT, rrf_k: int = 60,
                depth: int = 50) -> Searcher:
     """A retriever for an index folder (`build_index` or `compact` output).
 

@@ -14,14 +14,13 @@ Layout (docs/retrieval.md, "Passage store"; stdlib sqlite3 + zstandard only):
   duplicate, refused at build time like any other.
 - `meta(key, value)`: format, compression (`zstd+dict` or `zstd`), level,
   the dictionary bytes, passage count, what built it.
-- `passages_fts`: a contentless FTS5 table (`content=''`, columns `body, title`,
-  unicode61 remove_diacritics 2) with rowid = row. Contentless keeps the text
-  out of the index; its bm25() scores are identical to those of a table that
+- `passages_fts`: the FTS5 table of `dgpo_edge.fts` (contentless, columns
+  `body, title`, unicode61 remove_diacritics 2) with rowid = row, searched with
+  that module's scoring, the one training uses. Contentless keeps the text out
+  of the index; its bm25() scores are identical to those of a table that
   stores the text, because detail=full keeps the positions bm25 counts. (With
   detail=column or none, FTS5 re-reads the text to count hits, and a
-  contentless table scores every row 0.) `body` comes first because FTS5
-  writes a column marker for every hit outside column 0: on wiki-18 passages
-  this ordering makes the index 25% smaller.
+  contentless table scores every row 0.)
 
 Passages are compressed one by one (random access after a FAISS search) with a
 dictionary trained on the head of the corpus, which is what makes ~600-byte
@@ -33,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sqlite3
 import struct
 import tempfile
@@ -46,13 +44,13 @@ import zstandard
 
 from .. import __version__
 from ..errors import InputError
+from ..fts import TITLE_WEIGHT, TOKENIZER as _FTS_TOKENIZER, create_table as _create_fts_table, \
+    search as _search_fts
 from ..jsonio import make_readable, require_file
 from ..protocol import Passage
 from .documents import DocRecord
 
 FORMAT = "dgpo-edge/passage-store/2"
-_FTS_TOKENIZER = "unicode61 remove_diacritics 2"
-_QUERY_WORD = re.compile(r"[^\W_]+")  # what unicode61 keeps as token characters
 _IN_BATCH = 500  # placeholders per `row IN (...)`, under every SQLite's limit
 PLAIN_LEVEL = 19  # small stores: every byte counts and speed does not
 DICT_LEVEL = 9  # large stores: 19 saves 0.5% on wiki-18 and triples the build time (hours there)
@@ -212,23 +210,22 @@ class PassageStore:
             return []
         return [DocRecord(*r) for r in self._query(f"SELECT {_DOC_COLUMNS} FROM documents ORDER BY path")]
 
-    def bm25(self, query: str, k: int = 3, title_weight: float = 1.0) -> list[Passage]:
-        """Top-k passages for any of the query's words, best first.
+    def bm25(self, query: str, k: int = 3, title_weight: float = TITLE_WEIGHT) -> list[Passage]:
+        """Top-k passages for any of the query's words, best first (`dgpo_edge.fts.search`).
 
-        Words are quoted one by one and OR-ed, so punctuation, quotes and FTS5
-        operators in user text are plain words; a query with no words gives [].
-        Scores are FTS5 bm25() negated (higher is better). `title_weight`
-        scales title hits relative to body hits.
+        Punctuation, quotes and FTS5 operators in user text are plain words; a
+        query with no words gives []. Scores are FTS5 bm25() negated (higher is
+        better). `title_weight` scales title hits relative to body hits; the
+        default is the one training retrieves with.
         """
         if not self.has_bm25:
             raise InputError("this store was built without a BM25 index", self.path)
-        words = _QUERY_WORD.findall(query)
-        if not words or k < 1:
-            return []
-        match = " OR ".join(f'"{w}"' for w in dict.fromkeys(words))
-        hits = self._query("SELECT rowid, bm25(passages_fts, 1.0, ?) AS s FROM passages_fts "
-                           "WHERE passages_fts MATCH ? ORDER BY s LIMIT ?", (title_weight, match, k))
-        return self.get_rows([r for r, _ in hits], [0.0 - s for _, s in hits])
+        with self._lock:
+            try:
+                hits = _search_fts(self._db, "passages_fts", query, k, title_weight)
+            except sqlite3.DatabaseError as e:
+                raise InputError(f"corrupt passage store ({e})", self.path) from None
+        return self.get_rows([r for r, _ in hits], [s for _, s in hits])
 
     # --- internals ------------------------------------------------------------------
 
@@ -359,8 +356,7 @@ def _create_schema(db: sqlite3.Connection, fts: bool) -> None:
     db.execute("CREATE TABLE passages (row INTEGER PRIMARY KEY, id TEXT, body BLOB)")
     db.execute("CREATE UNIQUE INDEX passages_id ON passages(id) WHERE id IS NOT NULL")
     if fts:
-        db.execute("CREATE VIRTUAL TABLE passages_fts USING fts5(body, title, content='', "
-                   f"tokenize='{_FTS_TOKENIZER}')")
+        _create_fts_table(db, "passages_fts")
 
 
 def _insert_all(db: sqlite3.Connection, codec: _Codec, passages: Iterator[Passage], batch: int,
