@@ -215,7 +215,10 @@ def test_protocol_config_from_manifest():
 
 @pytest.fixture()
 def cache(tmp_path: Path, monkeypatch) -> Path:
+    """The default bundle of the base SmolLM2 over a tiny corpus (the shipped student has its own tests,
+    test_student_bundle.py)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("DGPO_EDGE_STUDENT", "none")
     corpus = write_corpus(tmp_path / "corpus.jsonl")
     monkeypatch.setenv(ENV_CORPUS, str(corpus))
     return tmp_path / "cache"

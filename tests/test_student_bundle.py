@@ -20,7 +20,7 @@ gguf = pytest.importorskip("gguf")
 st_numpy = pytest.importorskip("safetensors.numpy")
 
 from dgpo_edge.bundle import ENV_CORPUS, ensure_default_bundle, verify  # noqa: E402
-from dgpo_edge.bundle.student import ENV_STUDENT, shipped_student  # noqa: E402
+from dgpo_edge.bundle.student import ENV_STUDENT, SHIPPED, shipped_student  # noqa: E402
 from dgpo_edge.errors import InputError  # noqa: E402
 from dgpo_edge.jsonio import file_digest  # noqa: E402
 
@@ -91,3 +91,21 @@ def test_student_choice(tmp_path: Path, monkeypatch):
     (tmp_path / "student.json").write_text(json.dumps({"name": "x"}))
     with pytest.raises(InputError, match="lacks"):
         shipped_student()
+
+
+def test_the_shipped_student_searches_and_answers(tmp_path: Path, monkeypatch):
+    """The student this package ships, rebuilt from the real base and its adapter, on the tiny corpus."""
+    base = smollm2_gguf()
+    student = shipped_student(SHIPPED)
+    if student is None:
+        pytest.skip("this checkout ships no student")
+    monkeypatch.delenv(ENV_STUDENT, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv(ENV_CORPUS, str(write_corpus(tmp_path / "corpus.jsonl")))
+    assert student.spec["base"]["sha256"] == file_digest(base)["sha256"]
+    b = ensure_default_bundle()
+    assert b.manifest["source"]["model"] == student.description and b.manifest["index"]["kind"] == "bm25"
+    r = invoke("ask", "What is the capital of Kenya?", "--json", "--threads", "2")
+    out = json.loads(r.stdout)
+    assert r.exit_code == 0, r.output
+    assert out["searches"] and out["answer"] == "Nairobi", out["transcript"]
