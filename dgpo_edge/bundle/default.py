@@ -67,6 +67,23 @@ def default_model_path() -> Path:
     return path
 
 
+def default_agent_model() -> tuple[Path, dict | None]:
+    """(model, protocol settings) for an agent without a bundle: the shipped student, rebuilt once into
+    the cache from the base GGUF, with the limits its EM was measured with; else the base GGUF as it is."""
+    from .core import protocol_settings
+    from .student import shipped_student, student_gguf
+
+    base = default_model_path()
+    student = shipped_student()
+    if student is None:
+        return base, None
+    from ..protocol import ProtocolConfig
+
+    with _locked(cache_root() / "student.lock"):
+        path = student_gguf(student, base, cache_root() / "student")
+    return path, protocol_settings(ProtocolConfig(**student.spec["protocol"]))
+
+
 def _wanted_corpus(corpus: str | Path | None) -> Path | None:
     c = corpus if corpus is not None else os.environ.get(ENV_CORPUS) or None
     return None if c is None else Path(c).expanduser().resolve()

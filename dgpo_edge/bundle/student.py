@@ -260,7 +260,9 @@ def student_gguf(student: ShippedStudent, base: Path, out_dir: Path) -> Path:
         if not (adapter / name).is_file() or file_digest(adapter / name)["sha256"] != digest:
             raise InputError("the student's adapter file is damaged (sha256 mismatch); reinstall dgpo-edge",
                              adapter / name)
-    out = out_dir / f"{student.name}-{student.spec['quant']}.gguf"
+    # The adapter's digest in the name: a cached build of another adapter under the same name is never reused.
+    tag = student.spec["adapter"]["adapter_model.safetensors"][:12]
+    out = out_dir / f"{student.name}-{tag}-{student.spec['quant']}.gguf"
     if not out.is_file():
         out_dir.mkdir(parents=True, exist_ok=True)
         build_student_gguf(base, adapter, student.spec["layers"], out, student.spec["quant"])
