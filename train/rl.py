@@ -12,7 +12,9 @@ One step:
    them - the teacher's log-probs.
 3. **advantages** - token rewards (the exact-match score on the last generated
    token, minus beta * k_t on the tokens of selected rollouts), then GAE with a
-   critic (ppo, dgpo) or group-normalised scores (grpo).
+   critic over `critic.value_mask`'s positions, whitened per `ppo.whiten` (ppo,
+   dgpo; both the reference's way by default, see rl_math), or group-normalised
+   scores (grpo).
 4. **update** - `ppo.epochs` passes over shuffled mini-batches of `ppo.mini_batch`
    rollouts, each accumulated over micro-batches: the clipped policy loss, the
    entropy bonus and (placement "loss") the teacher term for the actor; the
