@@ -233,6 +233,27 @@ def test_bm25_build_and_bm25_search_of_a_dense_index(notes, flat_index, tmp_path
     assert_one_line_error(invoke("index", "search", out, "x", "--kind", "dense"), str(out), "BM25-only")
 
 
+def test_build_does_not_follow_links_out_of_the_notes_folder(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0 the password is swordfish\n", encoding="utf-8")
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "sub" / "plan.md").write_text("The garden plan: tomatoes by the south wall.\n", encoding="utf-8")
+    (notes / "passwd.txt").symlink_to(secret)                   # a file link out of the tree: skipped
+    (notes / "outside").symlink_to(tmp_path, target_is_directory=True)  # a folder link: not followed
+    (notes / "plan-link.md").symlink_to(notes / "sub" / "plan.md")  # a link inside the tree: read
+    out = tmp_path / "index"
+    result = invoke("index", "build", notes, "--out", out, "--kind", "bm25")
+    assert result.exit_code == 0, result.output
+    assert "1 link out of the folder skipped" in result.flat, result.plain
+    assert info_rows(result)["passages"] == "2"
+    result = invoke("index", "search", out, "swordfish password", "--json")
+    assert result.exit_code == 0, result.output
+    ids = [item["document"]["id"] for item in json.loads(result.stdout)["result"][0]]
+    assert "passwd.txt#0" not in ids and not any("secret" in i for i in ids)
+    assert manifest(out)["source"]["links_skipped"] == 1
+
+
 # --------------------------------------------------------------------------- a Search-R1 jsonl
 
 @pytest.mark.shared

@@ -158,6 +158,10 @@ def _print_info(index: Path, m: dict, verified: bool = False) -> None:
         table.add_row(name, f"{f['bytes']:,} bytes" + ("  sha256 ok" if verified else ""))
     table.add_row("produced by", str(m.get("produced_by", "?")))
     console.print(table)
+    skipped = (m.get("source") or {}).get("links_skipped")
+    if skipped:  # the walker reads no file through a link that leads out of the notes folder
+        console.print(f"{skipped} link{'s' if skipped > 1 else ''} out of the folder skipped "
+                      f"(a link is read only when its target lies inside the folder)", highlight=False)
 
 
 @app.command("serve")

@@ -205,18 +205,30 @@ def iter_text_corpus(path: str | Path, words: int = DEFAULT_WORDS) -> Iterator[P
 
 
 def _text_files(root: Path) -> list[tuple[str, Path]]:
-    """(relative posix path, path) of the .txt/.md files under `root`, sorted.
+    """(relative posix path, path) of the .txt/.md files under `root`, sorted."""
+    return text_files_and_skipped_links(root)[0]
 
-    os.walk without following symlinks: a link back up the tree cannot loop.
+
+def text_files_and_skipped_links(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
+    """The .txt/.md files under `root` (as `_text_files`) and the links skipped because they lead out.
+
+    os.walk without following folder links: a link back up the tree cannot
+    loop. A file link is read only when its target is a file inside `root`: a notes
+    folder must not pull in whatever a link points at (/etc/passwd, ~/.ssh).
     """
-    found = []
+    found, skipped = [], []
+    top = root.resolve()
     for folder, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in names:
             if not name.startswith(".") and name.lower().endswith(TEXT_SUFFIXES):
                 file = Path(folder) / name
-                found.append((file.relative_to(root).as_posix(), file))
-    return sorted(found)
+                rel = file.relative_to(root).as_posix()
+                if file.is_symlink() and not (file.resolve().is_relative_to(top) and file.is_file()):
+                    skipped.append(rel)
+                    continue
+                found.append((rel, file))
+    return sorted(found), sorted(skipped)
 
 
 def read_text_file(path: Path) -> str:
