@@ -254,6 +254,21 @@ def test_build_does_not_follow_links_out_of_the_notes_folder(tmp_path):
     assert manifest(out)["source"]["links_skipped"] == 1
 
 
+def test_search_prints_passage_text_without_terminal_escapes_or_emoji(tmp_path):
+    corpus = tmp_path / "hostile.jsonl"
+    contents = ('"passwd \x1b]0;pwned title\x07copy"\n'
+                "root:x:0:0:root:/root:/bin/bash \x1b[2J\x1b[31mred\x1b[0m :thumbs_up: \x9b2J end")
+    corpus.write_text(json.dumps({"id": "p\x1b[1m1", "contents": contents}) + "\n", encoding="utf-8")
+    out = tmp_path / "index"
+    assert invoke("index", "build", corpus, "--out", out, "--kind", "bm25").exit_code == 0
+    result = invoke("index", "search", out, "root bash")
+    assert result.exit_code == 0, result.output
+    assert "root:x:0:0:root:/root:/bin/bash" in result.stdout and ":thumbs_up:" in result.stdout
+    for bad in ("\x1b]", "\x07", "\x1b[2J", "\x1b[31m", "\x9b", "pwned"):
+        assert bad not in result.stdout, bad
+    assert hits(result) == [("passwd copy", "p1")]
+
+
 # --------------------------------------------------------------------------- a Search-R1 jsonl
 
 @pytest.mark.shared

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..errors import InputError
+from ..termtext import printable
 from .common import console, user_errors
 
 app = typer.Typer(help="Build, compact, search and serve retrieval indexes.", no_args_is_help=True)
@@ -129,8 +130,9 @@ def search(
     console.print(f"[dim]encode {timed.encode_ms:.1f} ms · search {timed.search_ms:.1f} ms · fetch {timed.fetch_ms:.1f} ms[/]")
     for rank, p in enumerate(passages, start=1):
         score = "" if p.score is None else f" [dim]({p.score:.3f})[/]"
-        console.print(f"[bold]{rank}. {escape(p.title)}[/] [cyan]id {escape(p.id)}[/]{score}", highlight=False)
-        console.print(escape(p.text if len(p.text) < 400 else p.text[:397] + "..."), highlight=False)
+        title, pid, text = printable(p.title), printable(p.id), printable(p.text)  # no terminal escapes
+        console.print(f"[bold]{rank}. {escape(title)}[/] [cyan]id {escape(pid)}[/]{score}", highlight=False)
+        console.print(escape(text if len(text) < 400 else text[:397] + "..."), highlight=False)
 
 
 @app.command("info")
