@@ -9,9 +9,10 @@ is not executed (Search-R1's final rollout).
 
 Each `Rollout` carries what PPO, GRPO and DGPO consume: the token ids of the
 whole episode (segment-wise, as `Transcript.tokenize` builds them: a turn keeps
-the ids the engine sampled, forced text is encoded on its own), the loss mask
-(1 on generated tokens only), the sampling log-probs aligned with the ids, the
-transcript, the answer and its exact-match score.
+the ids the engine sampled, forced text is encoded on its own, observations and
+feedback with special tokens read as text), the loss mask (1 on generated
+tokens only), the sampling log-probs aligned with the ids, the transcript, the
+answer and its exact-match score.
 
 Engines: `fast_decode.FastDecoder` (static cache, CUDA graphs) for Llama and
 Qwen2 models, `decoding.PlainDecoder` (the model's own forward) for anything
@@ -213,7 +214,7 @@ def _play(episodes: list[_Episode], engine: Any, tokenizer: Any, retriever: Retr
             elif action.kind == "search":
                 searching.append((e, action.content))
             else:
-                e.add_forced(encode(e.transcript.append_feedback()))
+                e.add_forced(encode.plain(e.transcript.append_feedback()))
         _observe(searching, retriever, pc, encode)
 
 
@@ -225,11 +226,11 @@ def _observe(searching: list[tuple[_Episode, str]], retriever: Retriever | None,
     if retriever is None:
         raise ValueError("a rollout issued a search but no retriever was given")
     results = retriever.search([q for _, q in searching], pc.top_k)
-    count = lambda s: len(encode(s))  # noqa: E731 - the observation budget counts model tokens
+    count = lambda s: len(encode.plain(s))  # noqa: E731 - the observation budget counts model tokens
     for (e, query), passages in zip(searching, results):
         block = protocol.information_block(passages, pc.max_obs_tokens, count)
         e.transcript.append_information(query, list(passages), block=block)
-        e.add_forced(encode(block))
+        e.add_forced(encode.plain(block))  # special tokens in a passage are read as text
 
 
 # --- evaluation -----------------------------------------------------------------

@@ -145,14 +145,14 @@ class Agent:
                     check()
                     passages, ms = self._search(action.content)
                     timings.retrieval_s += ms / 1000
-                    block = protocol.information_block(passages, cfg.max_obs_tokens, engine.count_tokens)
+                    block = protocol.information_block(passages, cfg.max_obs_tokens, engine.count_text_tokens)
                     transcript.append_information(action.content, passages, block=block)
-                    ids.extend(engine.encode(block))
+                    ids.extend(engine.encode_text(block))  # passage text never becomes control tokens
                     _add_unique(result.passages, passages)
                     yield PassagesRetrieved(turn, action.content, tuple(passages), ms)
                 else:
                     transcript.append_feedback()
-                    ids.extend(engine.encode(protocol.INVALID_ACTION_FEEDBACK))
+                    ids.extend(engine.encode_text(protocol.INVALID_ACTION_FEEDBACK))
                     result.invalid_actions += 1
                     yield InvalidAction(turn)
                 turn += 1
