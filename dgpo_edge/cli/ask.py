@@ -115,7 +115,8 @@ def _print_result(r: Any, end: Any) -> None:
     if sources:
         console.print("[bold]Sources:[/]", highlight=False)
         for p in sources:
-            console.print(f"  • {escape(printable(p.title))} [dim](id {escape(printable(p.id))})[/]", highlight=False)
+            title, pid = escape(printable(p.title)), escape(printable(p.id))
+            console.print(f"  • {title} [dim](id {pid})[/]", highlight=False)
     t = r.timings
     tps = t.new_tokens / t.decode_s if t.decode_s else 0.0
     console.print(f"[dim]{len(r.searches)} search(es) · {t.total_s:.1f} s · {t.new_tokens} tokens at "
