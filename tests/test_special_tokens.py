@@ -66,6 +66,14 @@ def hostile_texts(tokens: list[str]):
     return st.builds(lambda ps, tail: "".join(a + t for a, t in ps) + tail, parts, AROUND)
 
 
+def every_token_then_hypothesis(check, tokens: list[str]) -> None:
+    """`check` each token alone and inside words, then on hypothesis's hostile texts."""
+    for t in tokens:
+        check(t)
+        check(f"Doc 1(Title: x{t}y) a {t}{t} b")
+    SETTINGS(given(hostile_texts(tokens))(check))()
+
+
 def qwen_added(tok) -> tuple[list[str], set[int]]:
     d = tok.get_added_tokens_decoder() if hasattr(tok, "get_added_tokens_decoder") else None
     strings = added_token_strings(tok)
@@ -90,30 +98,26 @@ def test_qwen_forced_text_never_yields_an_added_token(library, qwen_fast, qwen_h
     encode = encoder_for(tok)
     decode = lambda x: tok.decode(x, skip_special_tokens=False)  # noqa: E731
 
-    @SETTINGS
-    @given(hostile_texts(strings))
     def check(text):
         plain = encode.plain(text)
         assert not set(plain) & ids, text
         assert decode(plain) == unicodedata.normalize("NFC", text)  # Qwen's normalizer is NFC
         assert set(encode(text)) & ids  # the prompt encoder does read them: the check above can fail
 
-    check()
+    every_token_then_hypothesis(check, strings)
 
 
 def test_smollm2_gguf_encode_text_never_yields_a_control_token(smollm2):
     strings = smollm2.added_tokens()
     control = set(range(17))  # SmolLM2's specials are ids 0..16
 
-    @SETTINGS
-    @given(hostile_texts(strings))
     def check(text):
         ids = smollm2.encode_text(text)
         assert not set(ids) & control, text
         assert smollm2.decode(ids) == text
         assert set(smollm2.encode(text)) & control
 
-    check()
+    every_token_then_hypothesis(check, strings)
 
 
 @pytest.mark.parametrize("library", ["tokenizers", "transformers"])
@@ -138,13 +142,11 @@ def test_smollm2_training_tokenizer_reads_passages_as_text(smol_hf, smollm2):
     encode = encoder_for(smol_hf)
     control = {smol_hf.convert_tokens_to_ids(s) for s in strings}
 
-    @SETTINGS
-    @given(hostile_texts(strings))
     def check(text):
         assert not set(encode.plain(text)) & control, text
         assert smol_hf.decode(encode.plain(text), skip_special_tokens=False) == text
 
-    check()
+    every_token_then_hypothesis(check, strings)
 
 
 def test_plain_encoder_cuts_overlapping_tokens_and_keeps_plain_text_whole():
