@@ -73,6 +73,19 @@ def build(
                                nprobe=nprobe, chunk=chunk, threads=threads, progress=progress,
                                overwrite=overwrite)
     _print_info(out, manifest)
+    _print_links_not_followed(corpus)
+
+
+def _print_links_not_followed(corpus: Path) -> None:
+    """Say which links the folder walker left alone: a notes folder never reads through a link out of it."""
+    from ..retrieval.corpus import links_not_followed
+
+    links = links_not_followed(corpus) if corpus.is_dir() else []
+    for rel in links:
+        console.print(f"  not followed: {escape(printable(rel))}", highlight=False)
+    if links:
+        console.print(f"{len(links)} link(s) not followed: links to folders, and links to files outside "
+                      f"the folder, are never read", highlight=False)
 
 
 @app.command("compact")
@@ -160,10 +173,6 @@ def _print_info(index: Path, m: dict, verified: bool = False) -> None:
         table.add_row(name, f"{f['bytes']:,} bytes" + ("  sha256 ok" if verified else ""))
     table.add_row("produced by", str(m.get("produced_by", "?")))
     console.print(table)
-    skipped = (m.get("source") or {}).get("links_skipped")
-    if skipped:  # the walker reads no file through a link that leads out of the notes folder
-        console.print(f"{skipped} link{'s' if skipped > 1 else ''} out of the folder skipped "
-                      f"(a link is read only when its target lies inside the folder)", highlight=False)
 
 
 @app.command("serve")

@@ -70,7 +70,7 @@ from .. import __version__, jsonio
 from ..errors import InputError
 from .base import Encoder, EncoderSpec
 from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, file_digest, write_manifest
-from .corpus import DEFAULT_WORDS, detect_format, iter_corpus, size_hint, text_files_and_skipped_links
+from .corpus import DEFAULT_WORDS, _text_files, detect_format, iter_corpus, size_hint
 from .store import PassageStore
 
 KINDS = ("flat", "ivfpq", "bm25", "hybrid")
@@ -168,20 +168,16 @@ def corpus_fingerprint(corpus: str | Path, fmt: str | None = None,
     """sha256 over the names, sizes and bytes of the files `iter_corpus` reads, in its order.
 
     The files: the jsonl file, a FactbookQA folder's corpus.jsonl, or every
-    .txt/.md file of a notes folder (hidden ones and links out of it skipped, as
-    the reader does; `links_skipped` counts those links).
+    .txt/.md file of a notes folder (hidden ones skipped, as the reader does).
     """
     corpus = Path(corpus)
     fmt = fmt or detect_format(corpus)
-    skipped: list[str] = []
     if fmt == "jsonl":
         files = [(corpus.name, corpus)]
     elif fmt == "factbook":
         files = [("corpus.jsonl", corpus / "corpus.jsonl")]
-    elif corpus.is_file():
-        files = [(corpus.name, corpus)]
     else:
-        files, skipped = text_files_and_skipped_links(corpus)
+        files = [(corpus.name, corpus)] if corpus.is_file() else _text_files(corpus)
     sizes = [f.stat().st_size for _, f in files]
     total, done = sum(sizes), 0
     h = hashlib.sha256(f"{fmt}\0{DEFAULT_WORDS}\0".encode())
@@ -194,7 +190,7 @@ def corpus_fingerprint(corpus: str | Path, fmt: str | None = None,
                 if progress is not None:
                     progress("fingerprint", done, total)
     return {"name": corpus.name, "format": fmt, "words": DEFAULT_WORDS, "files": len(files),
-            "bytes": total, "sha256": h.hexdigest(), "links_skipped": len(skipped)}
+            "bytes": total, "sha256": h.hexdigest()}
 
 
 def _open_state(work: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
@@ -412,7 +408,7 @@ def _finish(out: Path, work: Path, state: dict[str, Any], kind: str, encoder: En
         count=count, dim=dim, metric=None if plan is None else "ip", params=params,
         store={"bm25": bm25, "compression": compression},
         source={"corpus": fp.get("name"), "format": fp["format"], "files": fp["files"],
-                "bytes": fp["bytes"], "sha256": fp["sha256"], "links_skipped": fp.get("links_skipped", 0)},
+                "bytes": fp["bytes"], "sha256": fp["sha256"]},
         produced_by=producer, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(out / MANIFEST_FILE)  # from here on, no manifest describes a half-swapped folder

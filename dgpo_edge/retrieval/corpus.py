@@ -205,30 +205,41 @@ def iter_text_corpus(path: str | Path, words: int = DEFAULT_WORDS) -> Iterator[P
 
 
 def _text_files(root: Path) -> list[tuple[str, Path]]:
-    """(relative posix path, path) of the .txt/.md files under `root`, sorted."""
-    return text_files_and_skipped_links(root)[0]
+    """(relative posix path, path) of the .txt/.md files under `root`, sorted.
 
-
-def text_files_and_skipped_links(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
-    """The .txt/.md files under `root` (as `_text_files`) and the links skipped because they lead out.
-
-    os.walk without following folder links: a link back up the tree cannot
-    loop. A file link is read only when its target is a file inside `root`: a notes
-    folder must not pull in whatever a link points at (/etc/passwd, ~/.ssh).
+    os.walk without following symlinks: a link back up the tree cannot loop.
+    A file link that leads out of `root` is not read (`leads_out`).
     """
-    found, skipped = [], []
-    top = root.resolve()
+    found = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in names:
             if not name.startswith(".") and name.lower().endswith(TEXT_SUFFIXES):
                 file = Path(folder) / name
-                rel = file.relative_to(root).as_posix()
-                if file.is_symlink() and not (file.resolve().is_relative_to(top) and file.is_file()):
-                    skipped.append(rel)
-                    continue
-                found.append((rel, file))
-    return sorted(found), sorted(skipped)
+                if not leads_out(file, root):
+                    found.append((file.relative_to(root).as_posix(), file))
+    return sorted(found)
+
+
+def leads_out(file: Path, root: Path) -> bool:
+    """Whether `file` is a link whose target is not a file inside `root`.
+
+    A notes folder must not pull in whatever a link points at (/etc/passwd,
+    ~/.ssh/id_rsa): links are followed only within the tree.
+    """
+    return file.is_symlink() and not (file.is_file() and file.resolve().is_relative_to(root.resolve()))
+
+
+def links_not_followed(root: Path) -> list[str]:
+    """Relative paths of the folder links and the .txt/.md links out of `root` the walker skips."""
+    out = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in [*dirs, *(n for n in names if n.lower().endswith(TEXT_SUFFIXES))]:
+            p = Path(folder) / name
+            if not name.startswith(".") and p.is_symlink() and (name in dirs or leads_out(p, root)):
+                out.append(p.relative_to(root).as_posix())
+    return sorted(out)
 
 
 def read_text_file(path: Path) -> str:
