@@ -76,18 +76,6 @@ def build(
     _print_links_not_followed(corpus)
 
 
-def _print_links_not_followed(corpus: Path) -> None:
-    """Say which links the folder walker left alone: a notes folder never reads through a link out of it."""
-    from ..retrieval.corpus import links_not_followed
-
-    links = links_not_followed(corpus) if corpus.is_dir() else []
-    for rel in links:
-        console.print(f"  not followed: {escape(printable(rel))}", highlight=False)
-    if links:
-        console.print(f"{len(links)} link(s) not followed: links to folders, and links to files outside "
-                      f"the folder, are never read", highlight=False)
-
-
 @app.command("compact")
 @user_errors
 def compact(
@@ -114,6 +102,18 @@ def compact(
                              progress=lambda n: bar.advance(task, n),
                              log=lambda msg: bar.console.print(escape(msg), highlight=False))
     console.print_json(json.dumps(report))
+
+
+def _print_links_not_followed(corpus: Path) -> None:
+    """Say which links the folder walker left alone: a notes folder never reads through a link out of it."""
+    from ..retrieval.corpus import links_not_followed
+
+    links = links_not_followed(corpus) if corpus.is_dir() else []
+    for rel in links:
+        console.print(f"  not followed: {escape(printable(rel))}", highlight=False)
+    if links:
+        console.print(f"{len(links)} link(s) not followed: links to folders, and links to files outside "
+                      f"the folder, are never read", highlight=False)
 
 
 @app.command("search")

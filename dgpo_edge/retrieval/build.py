@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, jsonio
+from .. import __version__, digests, jsonio
 from ..errors import InputError
 from .base import Encoder, EncoderSpec
 from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, file_digest, write_manifest
@@ -149,6 +149,8 @@ def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder
         emit("write", 0, 1)
         manifest = _finish(out, work, state, kind, encoder, count, dim, plan, chunk, bm25, compression)
         emit("write", 1, 1)
+    # Just hashed into the manifest: the first open need not read every byte again.
+    digests.record_many([(out / name, entry["sha256"]) for name, entry in manifest["files"].items()])
     shutil.rmtree(work, ignore_errors=True)
     return manifest
 
@@ -419,9 +421,6 @@ def _finish(out: Path, work: Path, state: dict[str, Any], kind: str, encoder: En
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(out / name)  # e.g. vectors.faiss of a dense index replaced by a bm25 one
     os.replace(work / MANIFEST_FILE, out / MANIFEST_FILE)
-    from .. import digests  # just hashed: the first open need not read every byte again
-
-    digests.record_many([(out / name, entry["sha256"]) for name, entry in manifest["files"].items()])
     return manifest
 
 
@@ -486,8 +485,6 @@ def verify_files(index_dir: str | Path, full: bool = False, cached: bool = False
     verified (`dgpo_edge.digests`: the first open after a change hashes).
     InputError naming the offending file otherwise.
     """
-    from .. import digests
-
     d = Path(index_dir)
     m = load_manifest(d)
     for name, entry in m["files"].items():

@@ -208,7 +208,6 @@ def _text_files(root: Path) -> list[tuple[str, Path]]:
     """(relative posix path, path) of the .txt/.md files under `root`, sorted.
 
     os.walk without following symlinks: a link back up the tree cannot loop.
-    A file link that leads out of `root` is not read (`leads_out`).
     """
     found = []
     for folder, dirs, names in os.walk(root):
@@ -216,7 +215,7 @@ def _text_files(root: Path) -> list[tuple[str, Path]]:
         for name in names:
             if not name.startswith(".") and name.lower().endswith(TEXT_SUFFIXES):
                 file = Path(folder) / name
-                if not leads_out(file, root):
+                if not leads_out(file, root):  # a link out of the tree is never read
                     found.append((file.relative_to(root).as_posix(), file))
     return sorted(found)
 
