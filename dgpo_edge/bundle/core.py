@@ -30,9 +30,9 @@ B/
 Loading a bundle checks its layout (every file the loader opens is listed and
 inside the bundle: `integrity.py`) and sizes (cheap: catches truncation and
 partial copies), and hashes each file changed since it was last verified
-(`dgpo_edge.digests`); `verify(bundle)` reads every byte and compares hashes. Bundles are assembled in
-`B.partial/` and renamed into place, so a bundle folder with a manifest is
-always complete.
+(`dgpo_edge.digests`); `verify(bundle)` reads every byte and compares hashes.
+Bundles are assembled in `B.partial/` and renamed into place, so a bundle
+folder with a manifest is always complete.
 """
 
 from __future__ import annotations
