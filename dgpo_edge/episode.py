@@ -56,16 +56,21 @@ class Step:
 class Episode:
     """The state of one episode: transcript, ids, loss mask, turn, and how it finished.
 
-    `encode` tokenizes forced text (no BOS); `count_tokens` measures information
-    blocks (default: `len(encode(text))`); `max_tokens` caps the total budget
-    (an engine's context window).
+    `encode` tokenizes the prompt (special tokens recognised, no BOS); `plain`
+    tokenizes forced text - observations and feedback - with special and added
+    tokens read as text, so a passage never yields a control token (default:
+    `encode.plain` when `encode` has one, as `encoder_for`'s do, else `encode`);
+    `count_tokens` measures information blocks (default: `len(plain(text))`);
+    `max_tokens` caps the total budget (an engine's context window).
     """
 
     def __init__(self, question: str, prompt: str, encode: Encoder, config: ProtocolConfig,
-                 max_tokens: int | None = None, count_tokens: Callable[[str], int] | None = None):
+                 max_tokens: int | None = None, count_tokens: Callable[[str], int] | None = None,
+                 plain: Encoder | None = None):
         self.config = config
         self.encode = encode
-        self.count_tokens = count_tokens or (lambda text: len(encode(text)))
+        self.plain = plain or getattr(encode, "plain", None) or encode
+        self.count_tokens = count_tokens or (lambda text: len(self.plain(text)))
         self.budget = config.max_total_tokens if max_tokens is None else min(config.max_total_tokens, max_tokens)
         self.transcript = Transcript(question)
         self.tokens = TokenizedTranscript([], [])
@@ -150,7 +155,7 @@ class Episode:
             raise RuntimeError(f"the search {self._searching!r} is waiting on passages")
 
     def _force(self, text: str) -> None:
-        self._add(self.encode(text))
+        self._add(self.plain(text))
 
     def _add(self, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
         """Extend ids, mask and logprobs by the transcript's last segment."""

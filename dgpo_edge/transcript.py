@@ -7,7 +7,9 @@ invalid-action feedback; loss mask 0).
 Tokenization rule (training masks and llama.cpp KV reuse both rely on it):
 the token sequence of a transcript is the concatenation of each segment's own
 ids. A generated segment keeps the ids the engine sampled; a forced segment is
-encoded on its own. The whole text is never re-tokenized, because BPE merges
+encoded on its own, and an observation or feedback segment with special tokens
+read as text (`dgpo_edge.tokens`: a passage holding `<|endoftext|>` gives the
+ids of those characters, never the control token). The whole text is never re-tokenized, because BPE merges
 can cross a segment boundary (e.g. a turn ending in "\\n" followed by the
 feedback's leading "\\n" would become one "\\n\\n" token), which would shift the
 loss mask and break the prefix an inference engine has already cached. Decoding
@@ -139,11 +141,21 @@ class Transcript:
         return sum(1 for s in self.turns() if s.action and s.action.kind == "invalid")
 
     # -- tokens ------------------------------------------------------------------
-    def tokenize(self, encode: Encoder) -> TokenizedTranscript:
-        """Concatenate each segment's ids (see the module docstring for why)."""
+    def tokenize(self, encode: Encoder, plain: Encoder | None = None) -> TokenizedTranscript:
+        """Concatenate each segment's ids (see the module docstring for why).
+
+        `encode` (special tokens recognised) encodes the prompt and turns given
+        as text; `plain` (special and added tokens read as text) encodes the
+        observations and feedback, so a passage never yields a control token.
+        `plain` defaults to `encode.plain` (an `encoder_for` encoder has one).
+        """
+        plain = plain or getattr(encode, "plain", None) or encode
         out = TokenizedTranscript([], [])
         for s in self.segments:
-            seg_ids = list(s.token_ids) if s.token_ids is not None else encode(s.text)
+            if s.token_ids is not None:
+                seg_ids = list(s.token_ids)
+            else:
+                seg_ids = (plain if s.kind in ("information", "feedback") else encode)(s.text)
             out.add(s, seg_ids)
         return out
 
@@ -181,14 +193,32 @@ class Transcript:
         return t
 
 
-def encoder_for(tokenizer: Any) -> Encoder:
-    """An `Encoder` for a `tokenizers.Tokenizer`, a transformers tokenizer, or a callable.
+class TextEncoder:
+    """A segment encoder: calling it recognises special tokens written in the text
+    (`<|im_start|>`: the prompt); `plain` reads every special or added token as
+    text (observations, feedback; see `dgpo_edge.tokens`)."""
 
-    Special tokens written in the text (`<|im_start|>`) are recognised; no BOS or
-    other tokens are added, because a transcript segment is not a whole document.
+    def __init__(self, encode: Encoder, plain: Encoder | None = None):
+        self._encode = encode
+        self.plain = plain or encode
+
+    def __call__(self, text: str) -> list[int]:
+        return self._encode(text)
+
+
+def encoder_for(tokenizer: Any) -> Any:
+    """A `TextEncoder` for a `tokenizers.Tokenizer` or a transformers tokenizer; a callable as is.
+
+    No BOS or other tokens are added, because a transcript segment is not a
+    whole document. A bare callable knows no added tokens (`tokenize` uses it
+    for every segment).
     """
+    from .tokens import added_token_strings, plain_encoder
+
     if callable(tokenizer) and not hasattr(tokenizer, "encode"):
         return tokenizer
     if hasattr(tokenizer, "encode_batch"):  # tokenizers.Tokenizer
-        return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
-    return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+        encode: Encoder = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    else:
+        encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    return TextEncoder(encode, plain_encoder(encode, added_token_strings(tokenizer)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,9 @@ def qwen_dir(shared_dir: Path) -> Path:
     if not (d / "tokenizer_config.json").is_file() or not (d / "tokenizer.json").is_file():
         pytest.skip(f"needs the Qwen tokenizer in {d} (absent)")
     return d
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _digest_cache(tmp_path_factory) -> None:
+    """Keep the verified-digest cache of bundles and indexes opened by tests out of ~/.cache."""
+    os.environ["DGPO_EDGE_DIGEST_CACHE"] = str(tmp_path_factory.mktemp("digests") / "verified-digests.json")

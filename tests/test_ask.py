@@ -151,3 +151,21 @@ def test_gpu_layers_option_reaches_the_engine(command, monkeypatch, index_dir: P
                    "--out", tmp_path / "ev")
         assert r.exit_code == 0, r.output
     assert seen == [{"n_gpu_layers": 5}]
+
+
+def test_ask_steps_prints_no_terminal_escapes_or_emoji(script, tmp_path: Path):
+    from dgpo_edge.retrieval.build import build_index
+
+    corpus = tmp_path / "hostile.jsonl"
+    contents = '"passwd \x1b]0;pwned title\x07copy"\nroot:x:0:0:root:/root:/bin/bash \x1b[2J end'
+    corpus.write_text(json.dumps({"id": "p1", "contents": contents}) + "\n", encoding="utf-8")
+    build_index(corpus, tmp_path / "index", kind="bm25")
+    turns, model = script
+    turns += ["<think>look \x1b[2J</think>\n<search> root bash </search>",
+              "<answer> root:x:0:0 \x1b]0;pwned\x07 </answer>"]
+    r = invoke("ask", "what is in passwd", "--model", model, "--index", tmp_path / "index", "--steps")
+    assert r.exit_code == 0, r.output
+    lines = [line.rstrip() for line in r.stdout.splitlines()]
+    assert "  1. passwd copy (id p1)" in lines and "Answer: root:x:0:0" in lines
+    for bad in ("\x1b]", "\x07", "\x1b[2J", "❌"):  # streamed turns may keep "]0;pwned", never its ESC
+        assert bad not in r.stdout, bad

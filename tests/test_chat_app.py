@@ -217,6 +217,32 @@ async def test_question_shows_steps_answer_and_sources(retriever, chats):
         assert status.startswith("answered │ turn 3/5 │") and "tok/s" in status and "top-k 3" in status
 
 
+HOSTILE = Passage("p1", '"passwd \x1b]0;pwned title\x07copy [bold]x"\n'
+                        "root:x:0:0:root:/root:/bin/bash \x1b[2J\x1b[31mred\x1b[0m \x9b2J end")
+
+
+@asynchronous
+async def test_passage_text_reaches_the_screen_without_terminal_escapes(tmp_path, chats):
+    path = tmp_path / "hostile.sqlite"
+    PassageStore.build(path, [HOSTILE]).close()
+    turns = ["<think>look \x1b[2J</think>\n<search> root bash [bold] </search>",
+             "<answer> root:x:0:0 \x1b]0;pwned\x07 </answer>"]
+    with BM25Retriever(PassageStore(path)) as retriever:
+        app = make_app(scripted_agent(retriever, turns), chats)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await ask(pilot, "what is in passwd \x1b[2J")
+            [view] = exchange_views(app)
+            steps = list(view.query(StepView))
+            shown = [str(view.query_one(".question").render()), str(view.query_one(".outcome").render()),
+                     view.query_one(".answer", Markdown).source]
+            shown += [str(s.body.render()) for s in steps] + [s._title.label.plain for s in steps]
+            assert view.query_one(".answer", Markdown).source.rstrip() == "root:x:0:0"
+    text = "\n".join(shown)
+    assert not any(c in text for c in "\x1b\x07\x9b"), text
+    assert "pwned" not in text and "root:x:0:0:root:/root:/bin/bash red 2J end" in text
+    assert "1. passwd copy [bold]x" in text and "search “root bash [bold]”" in text  # markup shown as text
+
+
 @asynchronous
 async def test_the_answer_streams_into_markdown(retriever, chats):
     app = make_app(scripted_agent(retriever, ["<answer> Lima is the capital of **Peru** </answer>"],

@@ -255,6 +255,42 @@ def test_bm25_build_and_bm25_search_of_a_dense_index(notes, flat_index, tmp_path
     assert_one_line_error(invoke("index", "search", out, "x", "--kind", "dense"), str(out), "BM25-only")
 
 
+def test_build_does_not_follow_links_out_of_the_notes_folder(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0 the password is swordfish\n", encoding="utf-8")
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "sub" / "plan.md").write_text("The garden plan: tomatoes by the south wall.\n", encoding="utf-8")
+    (notes / "passwd.txt").symlink_to(secret)                   # a file link out of the tree: skipped
+    (notes / "outside").symlink_to(tmp_path, target_is_directory=True)  # a folder link: not followed
+    (notes / "plan-link.md").symlink_to(notes / "sub" / "plan.md")  # a link inside the tree: read
+    out = tmp_path / "index"
+    result = invoke("index", "build", notes, "--out", out, "--kind", "bm25")
+    assert result.exit_code == 0, result.output
+    assert "not followed: outside" in result.plain and "not followed: passwd.txt" in result.plain
+    assert "2 link(s) not followed" in result.flat, result.plain
+    assert info_rows(result)["passages"] == "2"
+    result = invoke("index", "search", out, "swordfish password", "--json")
+    assert result.exit_code == 0, result.output
+    ids = [item["document"]["id"] for item in json.loads(result.stdout)["result"][0]]
+    assert "passwd.txt#0" not in ids and not any("secret" in i for i in ids)
+
+
+def test_search_prints_passage_text_without_terminal_escapes_or_emoji(tmp_path):
+    corpus = tmp_path / "hostile.jsonl"
+    contents = ('"passwd \x1b]0;pwned title\x07copy"\n'
+                "root:x:0:0:root:/root:/bin/bash \x1b[2J\x1b[31mred\x1b[0m :thumbs_up: \x9b2J end")
+    corpus.write_text(json.dumps({"id": "p\x1b[1m1", "contents": contents}) + "\n", encoding="utf-8")
+    out = tmp_path / "index"
+    assert invoke("index", "build", corpus, "--out", out, "--kind", "bm25").exit_code == 0
+    result = invoke("index", "search", out, "root bash")
+    assert result.exit_code == 0, result.output
+    assert "root:x:0:0:root:/root:/bin/bash" in result.stdout and ":thumbs_up:" in result.stdout
+    for bad in ("\x1b]", "\x07", "\x1b[2J", "\x1b[31m", "\x9b", "pwned"):
+        assert bad not in result.stdout, bad
+    assert hits(result) == [("passwd copy", "p1")]
+
+
 # --------------------------------------------------------------------------- a Search-R1 jsonl
 
 @pytest.mark.shared

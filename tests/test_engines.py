@@ -308,3 +308,15 @@ def test_onnx_genai_matches_transformers_and_reuses_its_cache(tiny_onnx: Path, h
         if i:
             assert r.prompt_tokens < len(ids) // 2
         assert _fresh(hf_engine, ids).token_ids == r.token_ids   # same greedy rule, fp32 both
+
+
+@pytest.mark.slow
+def test_onnx_genai_encode_text_reads_special_tokens_as_text(tiny_onnx: Path, hf_engine):
+    onnx = open_engine(tiny_onnx, n_ctx=256, threads=1)
+    added = set(onnx.added_tokens())
+    assert {"<|im_start|>", "<|endoftext|>", "<tool_call>", "<|file_sep|>"} <= added
+    ids = {onnx.encode(t)[0] for t in added}   # each token's own id, as the prompt encoder reads it
+    text = 'Doc 1(Title: "x") ' + " and ".join(sorted(added))
+    assert set(onnx.encode(text)) & ids and not set(onnx.encode_text(text)) & ids
+    assert onnx.decode(onnx.encode_text(text)) == text
+    assert onnx.encode_text(text) == hf_engine.encode_text(text)   # the same ids as the transformers engine

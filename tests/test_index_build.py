@@ -540,15 +540,22 @@ def test_truncated_or_missing_vectors(built, minilm, tmp_path):
     with pytest.raises(InputError, match="truncated") as e:
         open_index(d, encoder=minilm)
     assert e.value.path == str(vectors)
-    # the manifest patched to the short size: the size check passes, FAISS's reader does not
+    # the manifest patched to the short size: the size check passes, the sha256 (opening hashes a
+    # changed file) does not
     m = json.loads((d / "manifest.json").read_text())
     m["files"]["vectors.faiss"]["bytes"] = len(data) // 2
     (d / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(InputError, match="FAISS") as e:
+    with pytest.raises(InputError, match="sha256") as e:
         open_index(d, encoder=minilm)
     assert e.value.path == str(vectors)
     with pytest.raises(InputError, match="sha256") as e:
         verify_files(d, full=True)
+    assert e.value.path == str(vectors)
+    # ...and patched to its digest too: every check passes, FAISS's reader does not
+    m["files"]["vectors.faiss"] = file_digest(vectors)
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(InputError, match="FAISS") as e:
+        open_index(d, encoder=minilm)
     assert e.value.path == str(vectors)
     vectors.unlink()
     with pytest.raises(InputError, match="missing") as e:

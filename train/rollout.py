@@ -10,9 +10,10 @@ one `search(queries, k)` call, and the observations are appended. After
 
 Each `Rollout` carries what PPO, GRPO and DGPO consume: the token ids of the
 whole episode (segment-wise, as `Transcript.tokenize` builds them: a turn keeps
-the ids the engine sampled, forced text is encoded on its own), the loss mask
-(1 on generated tokens only), the sampling log-probs aligned with the ids, the
-transcript, the answer and its exact-match score.
+the ids the engine sampled, forced text is encoded on its own, observations and
+feedback with special tokens read as text), the loss mask (1 on generated
+tokens only), the sampling log-probs aligned with the ids, the transcript, the
+answer and its exact-match score.
 
 Engines: `fast_decode.FastDecoder` (static cache, CUDA graphs) for Llama and
 Qwen2 models, `decoding.PlainDecoder` (the model's own forward) for anything

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.markup import escape
 from textual.widgets import Collapsible, Markdown, Static
 
+from ...termtext import printable
 from .exchange import Exchange, Live, Step
 
 SNIPPET_CHARS = 240
@@ -35,7 +37,7 @@ def step_title(step: Step) -> str:
     if step.kind == "search":
         found = "searching…" if step.retrieval_ms is None else (
             f"{len(step.passages)} passage{'s' * (len(step.passages) != 1)} · {step.retrieval_ms:.0f} ms")
-        return f"Turn {n} · search “{step.query}” · {found}"
+        return f"Turn {n} · search “{printable(step.query)}” · {found}"
     return f"Turn {n} · no search or answer: feedback sent"
 
 
@@ -43,10 +45,10 @@ def passages_text(step: Step) -> Text:
     """Each retrieved passage as a bold numbered title and a snippet of its text."""
     out = Text()
     for i, p in enumerate(step.passages, start=1):
-        snippet = " ".join(p.text.split())
+        snippet = " ".join(printable(p.text).split())
         if len(snippet) > SNIPPET_CHARS:
             snippet = snippet[:SNIPPET_CHARS - 1].rstrip() + "…"
-        out.append(f"{i}. {p.title}\n", style="bold")
+        out.append(f"{i}. {printable(p.title)}\n", style="bold")
         out.append(snippet + ("\n" if i < len(step.passages) else ""))
     return out or Text("(no passages)", style="italic")
 
@@ -57,14 +59,15 @@ def outcome_text(x: Exchange) -> Text:
     if x.stop_reason and x.stop_reason != "answer":
         label = _STOP_REASONS.get(x.stop_reason, f"No answer: {x.stop_reason}.")
         if x.error:  # the detail: "after 30 s", "4100 of 4096 tokens used", the engine's message
-            label = f"{label[:-1]}: {x.error}" if x.stop_reason == "error" else f"{label} ({x.error})"
+            error = printable(x.error)
+            label = f"{label[:-1]}: {error}" if x.stop_reason == "error" else f"{label} ({error})"
         out.append(label, style="bold")
     if x.sources:
         if out:
             out.append("\n")
         out.append("Sources" if x.sources_cited else "Passages read", style="bold")
         for i, s in enumerate(x.sources, start=1):
-            out.append(f"\n [{i}] {s.title}")
+            out.append(f"\n [{i}] {printable(s.title)}")
     return out
 
 
@@ -74,7 +77,7 @@ class StepView(Collapsible):
     def __init__(self, step: Step, collapsed: bool) -> None:
         self.step = step
         self.body = Static(classes="step-body")
-        super().__init__(self.body, title=step_title(step), collapsed=collapsed,
+        super().__init__(self.body, title=escape(step_title(step)), collapsed=collapsed,
                          classes=f"step -{step.kind}")
         self._shown: tuple | None = None
 
@@ -88,10 +91,10 @@ class StepView(Collapsible):
         if shown == self._shown:
             return
         self._shown = shown
-        self.title = step_title(s)
+        self.title = escape(step_title(s))  # a title is markup: a query's "[bold]" is shown as written
         self.set_class(s.kind == "think" and not s.text, "-empty")
         if s.kind == "think":
-            self.body.update(Text(s.text))
+            self.body.update(Text(printable(s.text)))
         elif s.kind == "search":
             self.body.update(passages_text(s))
         else:
@@ -108,7 +111,7 @@ class ExchangeView(Vertical):
         self._answer = ""
 
     def compose(self) -> ComposeResult:
-        yield Static(Text(self.exchange.question), classes="question")
+        yield Static(Text(printable(self.exchange.question)), classes="question")
         yield Vertical(classes="steps")
         yield Markdown(classes="answer")
         yield Static(classes="outcome")
@@ -131,7 +134,7 @@ class ExchangeView(Vertical):
             self.query_one(".outcome", Static).update(outcome_text(x))
 
     async def _sync_answer(self) -> None:
-        answer = self.exchange.answer or ""
+        answer = printable(self.exchange.answer or "")  # whole, so an escape split across deltas goes too
         if answer == self._answer:
             return
         md = self.query_one(".answer", Markdown)

@@ -138,7 +138,8 @@ class Agent:
     def _start(self, question: str) -> Episode:
         engine = self.engine
         return Episode(question, engine.render_prompt(question), engine.encode, self.config,
-                       max_tokens=engine.n_ctx, count_tokens=engine.count_tokens)
+                       max_tokens=engine.n_ctx, count_tokens=engine.count_text_tokens,
+                       plain=engine.encode_text)  # passage text never becomes control tokens
 
     def _round(self, episode: Episode, result: AgentResult, check: Any) -> Iterator[Event]:
         """One turn and what follows it; raises _Stop when the episode ends without an answer."""

@@ -1,8 +1,9 @@
 """Bundles: a model, its tokenizer, an index, a passage store and a query encoder, with a manifest.
 
-`build_bundle` assembles one, `open_bundle` opens one (sizes checked), `verify`
-checks every hash, `load_agent` turns a bundle (or a model and an index, or the
-default bundle built on first use) into an Agent. Layout: `core.py`.
+`build_bundle` assembles one, `open_bundle` opens one (layout, sizes, and the
+hashes of files changed since last verified), `verify` checks every hash,
+`load_agent` turns a bundle (or a model and an index, or the default bundle
+built on first use) into an Agent. Layout: `core.py`.
 """
 
 from .core import (FORMAT, MANIFEST, Bundle, build_bundle, check_files, open_bundle, protocol_config,

@@ -28,10 +28,12 @@ B/
 | `runtime` | `gpu_layers`: layers llama.cpp offloads to a GPU unless `--gpu-layers` says otherwise (0 none, -1 all) |
 | `files` | {relative path: {bytes, sha256}} for every file but manifest.json |
 
-Loading a bundle checks sizes (cheap: catches truncation and partial copies);
-`verify(bundle)` reads every byte and compares hashes. Bundles are assembled in
-`B.partial/` and renamed into place, so a bundle folder with a manifest is
-always complete.
+Loading a bundle checks its layout (every file the loader opens is listed and
+inside the bundle: `integrity.py`) and sizes (cheap: catches truncation and
+partial copies), and hashes each file changed since it was last verified
+(`dgpo_edge.digests`); `verify(bundle)` reads every byte and compares hashes.
+Bundles are assembled in `B.partial/` and renamed into place, so a bundle
+folder with a manifest is always complete.
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, protocol
+from .. import __version__, digests, protocol
 from ..errors import InputError
 from ..jsonio import file_digest, replace_dir, write_json
 from ..protocol import ProtocolConfig
+from .integrity import check_layout
 
 FORMAT = "dgpo-edge-bundle"
 FORMAT_VERSION = 1
@@ -104,7 +107,7 @@ def protocol_config(settings: dict[str, Any] | None, top_k: int | None = None,
 
 @dataclass
 class Bundle:
-    """A bundle folder and its manifest (sizes checked when opened with `open_bundle`)."""
+    """A bundle folder and its manifest (checked when opened with `open_bundle`)."""
 
     path: Path
     manifest: dict[str, Any]
@@ -172,8 +175,14 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) \
                 or not isinstance(entry.get("sha256"), str):
             raise InputError(f'malformed bundle manifest: files[{name!r}] needs "bytes" and "sha256"', mpath)
-    for part in (m["model"]["path"], m["index"]["path"]):
-        if not _safe_relative(part):
+    enc = m.get("encoder")
+    if enc is not None and not (isinstance(enc, dict) and isinstance(enc.get("path"), str)):
+        raise InputError('malformed bundle manifest: "encoder" must be null or an object with a "path"', mpath)
+    parity = m["model"].get("parity_file")
+    if parity is not None and not isinstance(parity, str):
+        raise InputError('malformed bundle manifest: "model.parity_file" must be a path or null', mpath)
+    for part in (m["model"]["path"], m["index"]["path"], enc and enc["path"], parity):
+        if part is not None and not _safe_relative(part):
             raise InputError(f"malformed bundle manifest: {part!r} is not a path inside the bundle", mpath)
     return m
 
@@ -183,8 +192,10 @@ def _safe_relative(name: str) -> bool:
     return bool(name) and not p.is_absolute() and ".." not in p.parts and "\\" not in name
 
 
-def check_files(bundle: str | Path, full: bool = False, progress: Progress | None = None) -> Bundle:
-    """Open a bundle, checking that every listed file exists with its size (and sha256 if `full`).
+def check_files(bundle: str | Path, full: bool = False, progress: Progress | None = None, *,
+                cached: bool = False) -> Bundle:
+    """Open a bundle: its layout (`integrity.check_layout`), every listed file's size, and
+    with `full` its sha256 (with `cached`, only for files changed since last verified).
 
     InputError naming the first missing, truncated, changed or corrupt file.
     """
@@ -192,9 +203,11 @@ def check_files(bundle: str | Path, full: bool = False, progress: Progress | Non
     if full:  # sizes first: a missing or truncated file is reported before minutes of hashing
         check_files(d, full=False)
     m = read_manifest(d)
+    check_layout(d, m)
     emit = progress or _no_progress
     total = sum(f["bytes"] for f in m["files"].values())
     done = 0
+    verified = []
     for name, entry in sorted(m["files"].items()):
         path = d / name
         if not path.is_file():
@@ -204,16 +217,24 @@ def check_files(bundle: str | Path, full: bool = False, progress: Progress | Non
             what = "truncated" if size < entry["bytes"] else "changed"
             raise InputError(f"{what}: {size:,} bytes, the bundle manifest says {entry['bytes']:,}", path)
         if full:
-            if file_digest(path)["sha256"] != entry["sha256"]:
+            if cached:
+                ok = digests.matches(path, entry["sha256"])
+            else:
+                ok = file_digest(path)["sha256"] == entry["sha256"]
+            if not ok:
                 raise InputError("changed: its sha256 does not match the bundle manifest", path)
+            verified.append((path, entry["sha256"]))
             done += size
             emit("verify", done, total)
+    if full and not cached:
+        digests.record_many(verified)
     return Bundle(d, m)
 
 
 def open_bundle(bundle: str | Path) -> Bundle:
-    """A bundle with its sizes checked (cheap)."""
-    return check_files(bundle, full=False)
+    """A bundle checked for use: layout and sizes, and the sha256 of every file changed since it
+    was last verified (the first open after a change reads it whole; see `dgpo_edge.digests`)."""
+    return check_files(bundle, full=True, cached=True)
 
 
 def verify(bundle: str | Path, progress: Progress | None = None) -> Bundle:
@@ -378,6 +399,8 @@ def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | N
     if out.exists() and not overwrite:
         raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", out)
     replace_dir(work, out)
+    # Just hashed: the first open need not read every byte again.
+    digests.record_many([(out / name, entry["sha256"]) for name, entry in listing.items()])
     return Bundle(out, manifest)
 
 

@@ -12,9 +12,9 @@ Used by `dgpo-edge ask`, `eval` and `chat`. What it loads:
 
 `model` or `index` given together with `bundle` replace that part of it. The
 protocol settings come from the bundle's manifest (the shipped student's with the default model,
-defaults otherwise);
-`top_k` and `max_turns` override them. A bundle's sizes are checked on load;
-`dgpo-edge bundle verify` checks hashes.
+defaults otherwise); `top_k` and `max_turns` override them. A bundle's layout and sizes are checked
+on load, and the hashes of the files changed since they were last verified;
+`dgpo-edge bundle verify` checks every hash.
 """
 
 from __future__ import annotations

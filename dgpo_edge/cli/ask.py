@@ -18,6 +18,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import InputError
+from ..termtext import printable
 from .common import GPU_LAYERS_HELP, MAX_TURNS_HELP, TOP_K_HELP, console, err_console, user_errors
 
 BUNDLE_HELP = "A bundle folder (default: the default bundle, built on first use)."
@@ -95,27 +96,29 @@ def _print_step(event: Any, TurnStarted: Any, TokenDelta: Any, SearchIssued: Any
     if isinstance(event, TurnStarted):
         console.print(f"\n[bold cyan]── turn {event.turn + 1} ──[/]", highlight=False)
     elif isinstance(event, TokenDelta):
-        console.out(event.text, end="", highlight=False)
+        console.out(printable(event.text), end="", highlight=False)  # a split escape loses its ESC
         console.file.flush()
     elif isinstance(event, SearchIssued):
-        console.print(f"\n[yellow]search:[/] {escape(event.query)}", highlight=False)
+        console.print(f"\n[yellow]search:[/] {escape(printable(event.query))}", highlight=False)
     elif isinstance(event, PassagesRetrieved):
         for i, p in enumerate(event.passages, start=1):
-            console.print(f"  [dim]{i}.[/] [bold]{escape(p.title)}[/] [dim](id {escape(p.id)})[/]", highlight=False)
+            console.print(f"  [dim]{i}.[/] [bold]{escape(printable(p.title))}[/] [dim](id {escape(printable(p.id))})[/]",
+                          highlight=False)
         console.print(f"  [dim]retrieved in {event.retrieval_ms:.0f} ms[/]", highlight=False)
 
 
 def _print_result(r: Any, end: Any) -> None:
     if r.answer is not None:
-        console.print(f"[bold green]Answer:[/] {escape(r.answer)}", highlight=False)
+        console.print(f"[bold green]Answer:[/] {escape(printable(r.answer))}", highlight=False)
     else:
         reason = end.reason if r.stop_reason != "error" else "error"
-        console.print(f"[bold red]No answer[/] ({escape(reason)})", highlight=False)
+        console.print(f"[bold red]No answer[/] ({escape(printable(reason))})", highlight=False)
     sources = r.cited or []
     if sources:
         console.print("[bold]Sources:[/]", highlight=False)
         for p in sources:
-            console.print(f"  • {escape(p.title)} [dim](id {escape(p.id)})[/]", highlight=False)
+            title, pid = escape(printable(p.title)), escape(printable(p.id))
+            console.print(f"  • {title} [dim](id {pid})[/]", highlight=False)
     t = r.timings
     tps = t.new_tokens / t.decode_s if t.decode_s else 0.0
     console.print(f"[dim]{len(r.searches)} search(es) · {t.total_s:.1f} s · {t.new_tokens} tokens at "

@@ -14,8 +14,9 @@ from ..errors import InputError
 
 F = TypeVar("F", bound=Callable)
 
-console = Console()
-err_console = Console(stderr=True)
+# emoji=False: rich would turn ":x:" in printed passage text into an emoji ("root:x:0:0" -> "root❌0:0").
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 
 def user_errors(fn: F) -> F:

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..progress import add_stage, stage_progress
+from ..termtext import printable
 from .common import console, err_console, user_errors
 
 app = typer.Typer(help="Build, compact, search and serve retrieval indexes.", no_args_is_help=True)
@@ -79,6 +80,7 @@ def build(
                                overwrite=overwrite)
     _print_info(out, manifest)
     print_documents(manifest)
+    _print_links_not_followed(corpus)
 
 
 @app.command("update")
@@ -148,6 +150,18 @@ def compact(
     console.print_json(json.dumps(report))
 
 
+def _print_links_not_followed(corpus: Path) -> None:
+    """Say which links the folder walker left alone: a notes folder never reads through a link out of it."""
+    from ..retrieval.corpus import links_not_followed
+
+    links = links_not_followed(corpus) if corpus.is_dir() else []
+    for rel in links:
+        console.print(f"  not followed: {escape(printable(rel))}", highlight=False)
+    if links:
+        console.print(f"{len(links)} link(s) not followed: links to folders, and links to files outside "
+                      f"the folder, are never read", highlight=False)
+
+
 @app.command("search")
 @user_errors
 def search(
@@ -176,8 +190,9 @@ def search(
     console.print(f"[dim]encode {timed.encode_ms:.1f} ms · search {timed.search_ms:.1f} ms · fetch {timed.fetch_ms:.1f} ms[/]")
     for rank, p in enumerate(passages, start=1):
         score = "" if p.score is None else f" [dim]({p.score:.3f})[/]"
-        console.print(f"[bold]{rank}. {escape(p.title)}[/] [cyan]id {escape(p.id)}[/]{score}", highlight=False)
-        console.print(escape(p.text if len(p.text) < 400 else p.text[:397] + "..."), highlight=False)
+        title, pid, text = printable(p.title), printable(p.id), printable(p.text)  # no terminal escapes
+        console.print(f"[bold]{rank}. {escape(title)}[/] [cyan]id {escape(pid)}[/]{score}", highlight=False)
+        console.print(escape(text if len(text) < 400 else text[:397] + "..."), highlight=False)
 
 
 @app.command("info")

@@ -152,8 +152,31 @@ class Engine(ABC):
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids` (special tokens rendered as written)."""
 
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of `text` read as plain text: a special or added token written in it
+        (a passage's `<|im_end|>` or `<file_sep>`) is never recognised. For observations
+        and feedback; no BOS is added."""
+        plain = getattr(self, "_plain_encode", None)
+        if plain is None:
+            from ..tokens import plain_encoder
+
+            plain = self._plain_encode = plain_encoder(self._encode_unparsed, self.added_tokens())
+        return plain(text)
+
+    def added_tokens(self) -> list[str]:
+        """The text of every special or added token of the vocabulary (none known by default)."""
+        return []
+
+    def _encode_unparsed(self, text: str) -> list[int]:
+        """`encode` with special-token parsing off where the backend has the switch."""
+        return self.encode(text)
+
     def count_tokens(self, text: str) -> int:
         return len(self.encode(text))
+
+    def count_text_tokens(self, text: str) -> int:
+        """Tokens of `text` as `encode_text` encodes it (what an observation costs)."""
+        return len(self.encode_text(text))
 
     def render_prompt(self, question: str) -> str:
         """The Search-R1 prompt for `question` in this model's chat template."""

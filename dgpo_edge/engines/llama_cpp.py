@@ -71,6 +71,18 @@ class LlamaCppEngine(Engine):
     def decode(self, ids: Sequence[int]) -> str:
         return self.llm.detokenize(list(ids), special=True).decode("utf-8", errors="replace")
 
+    def _encode_unparsed(self, text: str) -> list[int]:
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def added_tokens(self) -> list[str]:
+        # With special parsing off llama.cpp still matches user-defined tokens (a Qwen GGUF's
+        # <tool_call>): every control, user-defined and unknown token is cut by encode_text.
+        llama_cpp = import_llama_cpp()
+        mask = (llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+                | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN)
+        vocab = self.llm._model.vocab
+        return [self.decode([i]) for i in range(self._n_vocab) if llama_cpp.llama_vocab_get_attr(vocab, i) & mask]
+
     # -- cache hooks ---------------------------------------------------------------------------
     def _truncate(self, keep: int) -> None:
         self.llm._ctx.kv_cache_seq_rm(-1, keep, -1)

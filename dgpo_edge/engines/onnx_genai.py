@@ -86,6 +86,13 @@ class OnnxGenaiEngine(Engine):
             return self._tok.decode(list(ids), skip_special_tokens=False)
         return self._og_tok.decode(np.asarray(list(ids), dtype=np.int32))
 
+    def added_tokens(self) -> list[str]:
+        from ..tokens import added_token_strings, added_tokens_in_folder
+
+        if self._tok is not None:
+            return added_token_strings(self._tok)
+        return added_tokens_in_folder(Path(self.model_path))  # onnxruntime-genai's tokenizer lists none
+
     # -- cache hooks ---------------------------------------------------------------------------------
     def _generator(self) -> Any:
         if self._gen is None:

@@ -94,6 +94,11 @@ class TransformersEngine(Engine):
             return self._tok.decode(list(ids), skip_special_tokens=False)
         return self._tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
+    def added_tokens(self) -> list[str]:
+        from ..tokens import added_token_strings
+
+        return added_token_strings(self._tok)
+
     # -- cache hooks ----------------------------------------------------------------------------------
     def _truncate(self, keep: int) -> None:
         if keep == 0 or self._past is None:

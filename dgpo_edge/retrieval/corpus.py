@@ -254,10 +254,33 @@ def _text_files(root: Path, skipped: list[tuple[str, Path]] | None = None) -> li
         for name in names:
             if not name.startswith("."):
                 file = Path(folder) / name
+                if leads_out(file, root):  # a link out of the tree is never read
+                    continue
                 readable = name.lower().endswith(READABLE_SUFFIXES)
                 if readable or skipped is not None:
                     (found if readable else skipped).append((file.relative_to(root).as_posix(), file))
     return sorted(found)
+
+
+def leads_out(file: Path, root: Path) -> bool:
+    """Whether `file` is a link whose target is not a file inside `root`.
+
+    A notes folder must not pull in whatever a link points at (/etc/passwd,
+    ~/.ssh/id_rsa): links are followed only within the tree.
+    """
+    return file.is_symlink() and not (file.is_file() and file.resolve().is_relative_to(root.resolve()))
+
+
+def links_not_followed(root: Path) -> list[str]:
+    """Relative paths of the folder links and the .txt/.md links out of `root` the walker skips."""
+    out = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in [*dirs, *(n for n in names if n.lower().endswith(TEXT_SUFFIXES))]:
+            p = Path(folder) / name
+            if not name.startswith(".") and p.is_symlink() and (name in dirs or leads_out(p, root)):
+                out.append(p.relative_to(root).as_posix())
+    return sorted(out)
 
 
 def read_text_file(path: Path) -> str:

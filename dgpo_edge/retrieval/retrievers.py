@@ -195,13 +195,15 @@ def open_index(index_dir: str | Path, encoder: str | Encoder | None = None, thre
     vectors only), "hybrid" (vectors + BM25). `nprobe` overrides the saved
     IVF nprobe; `threads` goes to the encoder and to FAISS searches; `mmap`
     maps the vectors instead of reading them; `verify=True` checks every
-    file's sha256 first (sizes are always checked).
+    file's sha256 first. Sizes are always checked, and the sha256 of every
+    file changed since it was last verified (`dgpo_edge.digests`), so a
+    same-size corruption of `vectors.faiss` is caught on the first open.
     """
     from .build import verify_files
     from .compact import INDEX_FILE, STORE_FILE
 
     d = Path(index_dir)
-    m = verify_files(d, full=True) if verify else verify_files(d, full=False)
+    m = verify_files(d, full=verify, cached=True)  # hashes what changed since it was last verified
     want = kind or m["kind"]
     if want not in OPEN_KINDS:
         raise InputError(f"unknown index kind {want!r}: expected one of {', '.join(OPEN_KINDS)}")

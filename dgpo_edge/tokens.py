@@ -1,0 +1,77 @@
+"""Encoding forced text as text: a passage can never become a control token.
+
+The prompt is encoded with special tokens recognised (the chat template writes
+`<|im_start|>` on purpose). Observations and feedback are data: a passage that
+contains `<file_sep>` or `<|endoftext|>` must give the ids of those characters,
+never the token that tells the model a file or the text has ended. Tokenizers
+recognise *added* tokens (special or not) wherever their text occurs, and
+llama.cpp still matches user-defined ones with special parsing off, so the
+reliable rule, the same on every engine and in training, is: cut the text
+inside every occurrence of an added token's string (after its first
+character) and encode the pieces one after another. No piece can hold a whole
+token string, so none is recognised; the pieces decode back to the text.
+
+`escape_tags` (protocol.py) stays as a second layer for passages: it also
+removes protocol tags and `<|` openers, even folded from look-alike characters.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+Encode = Callable[[str], list[int]]
+
+
+def plain_encoder(encode: Encode, added: Iterable[str]) -> Encode:
+    """`encode` made to read every string in `added` as plain text (see the module docstring).
+
+    Single-character tokens cannot be cut and are left to the tokenizer.
+    """
+    tokens = sorted({t for t in added if isinstance(t, str) and len(t) >= 2}, key=len, reverse=True)
+    if not tokens:
+        return encode
+    # A lookahead finds every occurrence, overlapping ones included ("<reponame>" inside "<repo_name>"...).
+    find = re.compile("(?=(?:" + "|".join(map(re.escape, tokens)) + "))")
+
+    def plain(text: str) -> list[int]:
+        cuts = sorted({m.start() + 1 for m in find.finditer(text)})
+        if not cuts:
+            return encode(text)
+        ids: list[int] = []
+        start = 0
+        for cut in [*cuts, len(text)]:
+            ids.extend(encode(text[start:cut]))
+            start = cut
+        return ids
+
+    return plain
+
+
+def added_token_strings(tokenizer: Any) -> list[str]:
+    """The text of every added or special token of a `tokenizers.Tokenizer` or a transformers tokenizer."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    found: set[str] = set()
+    for tok in (tokenizer, backend):
+        if tok is not None and hasattr(tok, "get_added_tokens_decoder"):
+            found.update(a.content for a in tok.get_added_tokens_decoder().values())
+    if hasattr(tokenizer, "get_added_vocab"):  # transformers, fast or slow
+        found.update(tokenizer.get_added_vocab())
+    found.update(getattr(tokenizer, "all_special_tokens", None) or ())
+    return sorted(found)
+
+
+def added_tokens_in_folder(d: Path) -> list[str]:
+    """The added tokens a model folder's tokenizer.json / tokenizer_config.json declare."""
+    found: set[str] = set()
+    for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
+        try:
+            data = json.loads((d / name).read_text(encoding="utf-8")).get(key) or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        entries = data.values() if isinstance(data, dict) else data
+        found.update(e["content"] for e in entries if isinstance(e, dict) and isinstance(e.get("content"), str))
+    return sorted(found)
