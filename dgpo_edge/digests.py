@@ -31,13 +31,15 @@ MAX_ENTRIES = 4096
 
 
 def cache_path() -> Path:
-    """`$DGPO_EDGE_DIGEST_CACHE` when set (tests point it at a temporary file), else the cache dir's."""
+    """`$DGPO_EDGE_DIGEST_CACHE` when set (tests point it at a temporary file), else the file in
+    dgpo-edge's cache folder (the default bundle's, `bundle.default.cache_root`; core code does
+    not import the bundle package, so the XDG rule is spelled here too)."""
     override = os.environ.get(ENV_CACHE)
     if override:
         return Path(override).expanduser()
-    from .bundle.default import cache_root
-
-    return cache_root() / CACHE_NAME
+    xdg = os.environ.get("XDG_CACHE_HOME") or ""
+    base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "dgpo-edge" / CACHE_NAME
 
 
 def _key(path: Path) -> tuple[str, list[int]]:

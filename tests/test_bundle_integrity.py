@@ -167,3 +167,12 @@ def test_an_index_with_a_same_size_corrupt_vectors_file_is_refused_on_open(index
     with pytest.raises(InputError, match="corrupt: its sha256 does not match"):
         open_index(idx)
     assert_one_line_error(invoke("index", "search", idx, "capital of Peru"), "vectors.faiss", "corrupt")
+
+
+def test_the_digest_cache_lives_in_the_default_bundles_cache_folder(monkeypatch, tmp_path: Path):
+    from dgpo_edge.bundle import cache_root
+
+    monkeypatch.delenv(digests.ENV_CACHE, raising=False)
+    for xdg in (str(tmp_path), "relative/ignored", ""):
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        assert digests.cache_path() == cache_root() / "verified-digests.json"
