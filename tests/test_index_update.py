@@ -168,3 +168,17 @@ def test_update_refuses_a_jsonl_index(tmp_path):
                           "index update works on indexes of a folder of documents")
     shutil.rmtree(tmp_path / "idx")
     assert_one_line_error(invoke("index", "update", notes, "--out", tmp_path / "idx"), "no such index folder")
+
+
+def test_update_never_empties_a_work_folder_it_did_not_make(tmp_path):
+    """`index update` claims DIR/.work as `index build` does: someone's folder there is refused, untouched."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("# A\n\nThe boiler is serviced in May.")
+    out = tmp_path / "index"
+    assert invoke("index", "build", notes, "--out", out, "--kind", "bm25").exit_code == 0
+    (notes / "a.md").write_text("# A\n\nThe boiler is serviced in June.")
+    (out / ".work").mkdir()
+    (out / ".work" / "mine.txt").write_text("keep me")
+    assert_one_line_error(invoke("index", "update", notes, "--out", out), "did not make this folder")
+    assert (out / ".work" / "mine.txt").read_text() == "keep me"

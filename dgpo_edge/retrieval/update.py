@@ -40,8 +40,8 @@ import numpy as np
 from ..errors import InputError
 from ..protocol import Passage
 from .base import Encoder, EncoderSpec
-from .build import (DEFAULT_WORDS, LOCK_FILE, WORK_DIR, Progress, _locked, build_index, install_files,
-                    source_entry, source_fingerprint, verify_files)
+from .build import (DEFAULT_WORDS, LOCK_FILE, WORK_MARKER, Progress, _locked, build_index, claim_work_folder,
+                    install_files, source_entry, source_fingerprint, verify_files)
 from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, write_manifest
 from .corpus import _text_files, detect_format, read_document
 from .documents import READABLE_SUFFIXES, DocRecord, DocReport, record_for
@@ -94,8 +94,7 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
     if m["kind"] in ("ivfpq", "hybrid") and trained_on and count > retrain_factor * trained_on:
         manifest = _rebuild(folder, out, m, encoder, threads, emit)
         return {**base, "count": manifest["count"], "retrained": True, "manifest": manifest}
-    work = out / WORK_DIR
-    work.mkdir(exist_ok=True)
+    work = claim_work_folder(out)   # never a .work of someone else's files: it is emptied below
     with _locked(work):
         stage = work / UPDATE_DIR
         shutil.rmtree(stage, ignore_errors=True)
@@ -104,7 +103,7 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
             manifest = _apply(folder, out, stage, m, changes, encoder, threads, emit)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-    if {p.name for p in work.iterdir()} <= {LOCK_FILE}:  # keep an interrupted build's work for its rerun
+    if {p.name for p in work.iterdir()} <= {LOCK_FILE, WORK_MARKER}:  # keep an interrupted build's work
         shutil.rmtree(work, ignore_errors=True)
     return {**base, "count": manifest["count"], "manifest": manifest}
 
