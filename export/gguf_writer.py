@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dgpo_edge.bundle.student import rope_permute
 from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import atomic_path
 
@@ -119,13 +120,6 @@ def _add_hparams(writer: Any, ckpt: Checkpoint, quant: str) -> None:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _llama_rope_permute(w: Any, n_head: int) -> Any:
-    """HF Llama stores q/k rows for rotate-half RoPE; llama.cpp's llama arch wants them
-    interleaved in pairs. Qwen2 uses the rotate-half (NEOX) layout in llama.cpp too: no permute."""
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
-
-
 def _tensor_type(data: Any, quant: str, is_output: bool) -> Any:
     """The GGML type of one tensor: norms and biases stay F32; rows not a multiple of the
     block size fall back to F16; in Q4_0 the output projection keeps Q8_0 (as llama.cpp keeps
@@ -164,7 +158,9 @@ def _add_tensors(writer: Any, ckpt: Checkpoint, arch: Any, quant: str) -> None:
             raise InputError(f"tensor {name!r} has no GGUF name for {ckpt.arch}",
                              ckpt.weight_files[0])
         if arch == gguf.MODEL_ARCH.LLAMA and name.endswith(("q_proj.weight", "k_proj.weight")):
-            data = _llama_rope_permute(data, n_head if "q_proj" in name else n_kv)
+            # HF Llama keeps q/k rows for rotate-half RoPE; llama.cpp's llama architecture wants them
+            # interleaved in pairs (Qwen2 is rotate-half in llama.cpp too: no permute).
+            data = rope_permute(data, n_head if "q_proj" in name else n_kv)
         is_output = gguf_name == "output.weight" or (tied and gguf_name == "token_embd.weight")
         qtype = _tensor_type(data, quant, is_output)
         if qtype == gguf.GGMLQuantizationType.F32:

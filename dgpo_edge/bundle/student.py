@@ -250,14 +250,14 @@ def shipped_student(folder: str | Path | None = None) -> ShippedStudent | None:
 
 def student_gguf(student: ShippedStudent, base: Path, out_dir: Path) -> Path:
     """The student's GGUF in `out_dir`, rebuilt from `base` after checking every input's sha256."""
-    from ..jsonio import file_digest
+    from ..digests import matches   # hashes a file once per change, not on every start
 
     want = student.spec["base"]["sha256"]
-    if file_digest(base)["sha256"] != want:
+    if not matches(base, want):
         raise InputError(f"the base model is not the one the student was trained on (sha256 {want[:12]}…)", base)
     adapter = student.folder / "adapter"
     for name, digest in student.spec["adapter"].items():
-        if not (adapter / name).is_file() or file_digest(adapter / name)["sha256"] != digest:
+        if not (adapter / name).is_file() or not matches(adapter / name, digest):
             raise InputError("the student's adapter file is damaged (sha256 mismatch); reinstall dgpo-edge",
                              adapter / name)
     # The adapter's digest in the name: a cached build of another adapter under the same name is never reused.
