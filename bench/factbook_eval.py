@@ -40,12 +40,9 @@ def parse_args() -> argparse.Namespace:
 def done_rows(out: Path) -> set[tuple[str, str]]:
     if not out.exists():
         return set()
-    done = set()
-    for line in out.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            done.add((row["method"], row["split"]))
-    return done
+    from dgpo_edge.jsonio import read_jsonl
+
+    return {(row["method"], row["split"]) for _, row in read_jsonl(out)}
 
 
 def by_group(keys: list, scores: list[float]) -> dict:

@@ -10,7 +10,8 @@ and seconds per question (median).
           --threads 1 --out out/parity/$f
     done
     python bench/laptop_parity.py --gpu-rows bench/results/factbook_eval_rows.jsonl --method kd-lora-r32 \
-        --split test --run q8_0=out/parity/q8_0:student-q8_0.gguf ... --out bench/results/laptop_parity.json
+        --split test --run q8_0=out/parity/q8_0:student-q8_0.gguf ... --card "2-core x86-64 CPU" \
+        --commit "$(git rev-parse --short HEAD)" --out bench/results/laptop_parity.json
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def main() -> None:
     p.add_argument("--split", default="test")
     p.add_argument("--run", action="append", required=True, metavar="NAME=EVAL_DIR[:MODEL_FILE]")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--card", required=True, help="the laptop side's machine, e.g. '2-core x86-64 CPU'")
+    p.add_argument("--commit", required=True, help="the commit the laptop evaluations ran at")
     p.add_argument("--note", default="")
     args = p.parse_args()
     gpu = gpu_scores(args.gpu_rows, args.method, args.split)
@@ -57,8 +60,9 @@ def main() -> None:
         name, _, rest = spec.partition("=")
         run, _, model = rest.partition(":")
         rows.append(parity_row(name, Path(run), Path(model) if model else None, gpu))
-    args.out.write_text(json.dumps({"method": args.method, "split": args.split, "note": args.note,
-                                    "rows": rows}, indent=1) + "\n", encoding="utf-8")
+    args.out.write_text(json.dumps({"card": args.card, "commit": args.commit, "method": args.method,
+                                    "split": args.split, "note": args.note, "rows": rows}, indent=1) + "\n",
+                        encoding="utf-8")
     print("| format | size (MiB) | questions | laptop EM | GPU EM, same questions | agree | laptop only / GPU only | s per question (median) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:

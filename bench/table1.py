@@ -19,6 +19,8 @@ import random
 from collections import defaultdict
 from pathlib import Path
 
+from dgpo_edge.jsonio import read_jsonl
+
 TYPES = ("fact", "bridge", "comparison", "neighbour", "neighbour_bridge")
 KEEP = ("n", "em", "f1", "em_by_type", "em_by_hops", "hit_ratio", "search_steps",
         "invalid_action_rate", "params", "card", "commit", "model", "scores")
@@ -27,10 +29,7 @@ KEEP = ("n", "em", "f1", "em_by_type", "em_by_hops", "hit_ratio", "search_steps"
 def load_rows(paths: list[str], names: dict[str, tuple[str, int]]) -> list[dict]:
     rows = []
     for path in paths:
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            raw = json.loads(line)
+        for _, raw in read_jsonl(path):
             if raw["method"] not in names:
                 continue
             method, seed = names[raw["method"]]
