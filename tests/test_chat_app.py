@@ -39,7 +39,7 @@ from dgpo_edge.apps.chat.screens import HistoryScreen, Settings, SettingsScreen 
 from dgpo_edge.apps.chat.storage import ChatStore  # noqa: E402
 from dgpo_edge.apps.chat.widgets import ExchangeView, StepView  # noqa: E402
 from dgpo_edge.engines.base import GREEDY  # noqa: E402
-from dgpo_edge.protocol import Passage  # noqa: E402
+from dgpo_edge.protocol import Passage, ProtocolConfig  # noqa: E402
 from dgpo_edge.retrieval.retrievers import BM25Retriever  # noqa: E402
 from dgpo_edge.retrieval.store import PassageStore  # noqa: E402
 from engine_fakes import ScriptedEngine  # noqa: E402
@@ -80,7 +80,8 @@ class ChatEngine(ScriptedEngine):
     """
 
     def __init__(self, turns: Iterable[str], *, endless: bool = False, token_delay_s: float = 0.0):
-        super().__init__(list(turns), n_ctx=8192, delay_s=token_delay_s)
+        # An endless run must outlast any slow CI machine: no context limit ends it.
+        super().__init__(list(turns), n_ctx=10**8 if endless else 8192, delay_s=token_delay_s)
         self.script_turns = len(self.turns)
         self.endless = endless
         self._episode: list[int] = []   # the ids of the last call
@@ -91,11 +92,14 @@ class ChatEngine(ScriptedEngine):
             self.calls = 0
         self._episode = ids
         if self.endless and self.calls >= len(self.turns):
-            self.turns.append("thinking " * 1000)
+            self.turns.append("thinking " * 100_000)
         return super().generate(ids, max_new_tokens, sampling, stop)
 
 
 def scripted_agent(retriever, turns: Iterable[str], **kw) -> Agent:
+    if kw.get("endless"):  # only Esc ends it: no token budget runs out first
+        return Agent(ChatEngine(turns, **kw), retriever,
+                     ProtocolConfig(max_turn_tokens=10**7, max_total_tokens=10**8))
     return Agent(ChatEngine(turns, **kw), retriever)
 
 
