@@ -108,8 +108,12 @@ def run_generate(model, tokenizer, prefixes, new_tokens: int) -> dict:
     return _report(wall, gen.shape[0] * gen.shape[1], new_tokens) | {"tokens": gen.tolist()}
 
 
+#: The engine as first written; the fast rows without a suffix use the engine's defaults.
+BEFORE = dict(attention="matmul", fused_sampling=False, lm_head="model")
+
+
 def run_fast(model, tokenizer, prefixes, new_tokens: int, check_every: int, greedy: bool,
-             cuda_graphs: bool = True) -> dict:
+             cuda_graphs: bool = True, **options) -> dict:
     import torch
     from dgpo_edge.train.decoding import Sampling
     from dgpo_edge.train.fast_decode import FastDecoder
@@ -117,7 +121,7 @@ def run_fast(model, tokenizer, prefixes, new_tokens: int, check_every: int, gree
     from dgpo_edge import protocol
 
     engine = FastDecoder(model, tokenizer, protocol.STOP_STRINGS, eos_ids=(), check_every=check_every,
-                         cuda_graphs=cuda_graphs)
+                         cuda_graphs=cuda_graphs, **options)
     sampling = Sampling(greedy=greedy)
     gen = torch.Generator(device=model.device).manual_seed(0)
     _sync()
@@ -242,6 +246,15 @@ def main() -> None:
         r: dict = {}
         r["fast_greedy"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every, greedy=True)
         r["fast_sampled"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every, greedy=False)
+        for greedy in (True, False):
+            name = "greedy" if greedy else "sampled"
+            r[f"fast_{name}_before"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
+                                                greedy=greedy, **BEFORE)
+            r[f"speedup_{name}_vs_before"] = round(
+                r[f"fast_{name}"]["tokens_per_s"] / r[f"fast_{name}_before"]["tokens_per_s"], 2)
+        r["fast_sampled_lm_head_transposed"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
+                                                        greedy=False, lm_head="transposed")
+        r["agreement_greedy_before"] = agreement(r["fast_greedy_before"]["tokens"], r["fast_greedy"]["tokens"])
         r["static_cache_no_graphs_greedy"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
                                                       greedy=True, cuda_graphs=False)
         if not args.skip_generate:

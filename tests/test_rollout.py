@@ -8,6 +8,7 @@ scoring are exercised for real.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -283,3 +284,31 @@ def test_qwen_tokenizer_fast_equals_plain_and_logprobs(qwen_dir, retriever):
     assert r.transcript.prompt.startswith("<|im_start|>") and r.transcript.prompt.endswith("assistant\n")
     ref = _fwd_logprobs(model, r.token_ids)
     assert all(abs(lp - w) < 1e-4 for lp, w, m in zip(r.logprobs, ref, r.loss_mask) if m)
+
+
+# Compiled sampling (fused_sampling=True) is the default on CUDA only: torch.compile takes minutes
+# on a CPU, so the GPU test below covers it.
+@pytest.mark.parametrize("attention,lm_head,fused", [("matmul", "model", False), ("sdpa", "transposed", False),
+                                                     ("sdpa", "model", True)])
+def test_fast_engine_variants_equal_the_plain_engine(random_llama, smol_tok, attention, lm_head, fused):
+    # Every speed option (attention kernel, LM-head layout, compiled sampling) draws the plain
+    # engine's tokens and log-probs, greedy and sampled, across calls of changing shape.
+    if fused:
+        if not torch.cuda.is_available():
+            pytest.skip("compiled sampling is tested on a GPU (torch.compile on CPU takes minutes)")
+        random_llama = copy.deepcopy(random_llama).to("cuda")
+    eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), check_every=4, length_bucket=16,
+                      attention=attention, lm_head=lm_head, fused_sampling=fused)
+    plain = PlainDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())
+    for sampling in (Sampling(greedy=True), Sampling(temperature=1.0)):
+        for prefixes, new in (([[5, 6, 7], [8, 9]], 12), ([[1] * 20, [2, 3], [4]], 9)):
+            got, want = (e.decode(prefixes, [new] * len(prefixes), sampling,
+                                  torch.Generator(device=random_llama.device).manual_seed(7))
+                         for e in (eng, plain))
+            assert [o.ids for o in got] == [o.ids for o in want]
+            assert all(abs(a - b) < 1e-4 for g, w in zip(got, want) for a, b in zip(g.logprobs, w.logprobs))
+
+
+def test_fast_engine_rejects_unknown_options(random_llama, smol_tok):
+    with pytest.raises(ValueError, match="attention must be one of"):
+        FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), attention="flash")
