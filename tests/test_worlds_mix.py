@@ -256,3 +256,26 @@ def test_the_worlds_configs_train_on_a_mixture(mix: Path, tmp_path: Path):
         assert json.loads((run / "summary.json").read_text())["steps"] == 2
     made = json.loads((tmp_path / "kd" / "checkpoints" / "last" / "dgpo_edge.json").read_text())
     assert made["train_data"]["sha256"] == file_digest(mix / "oracle.jsonl")["sha256"]
+
+
+def test_worlds_results_collects_rows_in_the_issue_shape(mix: Path, tmp_path: Path):
+    """bench/worlds_results.py over rows as bench/factbook_eval.py appends them, one file per world."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from worlds_results import collect, markdown
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    mix_dir, evals = mix.parent, tmp_path / "eval"
+    evals.mkdir()
+    for world, em in (("elements", 0.5), ("notes", 0.25)):
+        row = {"method": "kd@notes-out", "split": "test", "n": 4, "em": em, "card": "cpu", "commit": "abc"}
+        (evals / f"{world}.jsonl").write_text(json.dumps(row) + "\n")
+    result = collect(evals, mix_dir)
+    assert result["card"] == "cpu" and result["commit"] == "abc"
+    trained_on = sorted(WEIGHTS)
+    assert result["rows"] == [
+        {"world": "elements", "trained_on": trained_on, "held_out": False, "split": "test", "n": 4, "em": 0.5,
+         "model": "kd", "mixture": "notes-out"},
+        {"world": "notes", "trained_on": trained_on, "held_out": True, "split": "test", "n": 4, "em": 0.25,
+         "model": "kd", "mixture": "notes-out"}]
+    assert "| notes-out | kd | notes | yes | 4 | 0.250 |" in markdown(result)
