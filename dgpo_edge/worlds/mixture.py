@@ -13,6 +13,7 @@ world folders, weights, sizes and seed.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections import Counter
@@ -91,8 +92,6 @@ def read_world(name: str, folder: Path, manifest: dict) -> WorldData:
 
 
 def _read_json(path: Path) -> dict:
-    import json
-
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -178,10 +177,11 @@ def resolved_oracle(row: dict, trajectory: dict, index: BM25Index) -> dict | Non
             continue
         if seg["kind"] != "information" or hop >= len(row["evidence"]):
             return None
-        hits = index.search(seg.get("query", ""), k=TOP_K)
+        query = seg.get("query", "")
+        hits = index.search(query, k=TOP_K)
         if row["evidence"][hop] not in {p.id for p in hits}:
             return None
-        t.append_information(seg["query"], hits)
+        t.append_information(query, hits)
         hop += 1
     return {"id": row["id"], "question": row["question"], "golden_answers": row["golden_answers"],
             "response": t.response, "segments": t.to_dict()["segments"][1:]}
