@@ -140,3 +140,24 @@ def test_lora_config_errors(toy, tmp_path, override, needle):
     config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run", lora={"r": 4})
     assert_one_line_error(invoke("train", "sft", "--config", config, override), needle)
     assert not (tmp_path / "run").exists()
+
+
+def test_save_checkpoint_writes_the_merged_model_and_the_adapter(tmp_path):
+    # The path `best` checkpoints take (lora.save_checkpoint), written atomically.
+    from dgpo_edge.train.lora import save_checkpoint
+    from dgpo_edge.train.models import load_checkpoint
+    from test_rollout_support import tiny_model
+
+    model = apply_lora(tiny_model("llama", 300, seed=1), LoRASection(r=4))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.1)   # peft starts B at zero: make the adapter change the outputs
+    out = save_checkpoint(model, None, tmp_path / "best", extra={"step": 3})
+    assert json.loads((out / "dgpo_edge.json").read_text()) == {"step": 3}
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+    merged = load_checkpoint(out)[0].eval()
+    ids = torch.tensor([[1, 5, 40, 200, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, model.eval()(input_ids=ids).logits,
+                                   rtol=0, atol=1e-4)

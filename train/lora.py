@@ -118,7 +118,7 @@ def save_checkpoint(model: Any, tokenizer: Any, out: str | Path, extra: dict | N
 
     if not is_lora(model):
         return save_plain(model, tokenizer, out, extra)
-    from dgpo_edge.jsonio import atomic_dir
+    from .models import atomic_dir
 
     out = Path(out)
     with atomic_dir(out) as tmp:
