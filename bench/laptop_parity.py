@@ -31,6 +31,13 @@ def gpu_scores(rows: Path, method: str, split: str) -> list[int]:
     raise SystemExit(f"error: {rows}: no {split} row for {method!r}")
 
 
+def model_bytes(model: Path) -> int:
+    """A GGUF file's size, or an ONNX folder's: the sum of the files in it."""
+    if model.is_dir():
+        return sum(f.stat().st_size for f in model.rglob("*") if f.is_file())
+    return model.stat().st_size
+
+
 def parity_row(name: str, run: Path, model: Path | None, gpu: list[int]) -> dict:
     preds = [p for _, p in read_jsonl(run / "predictions.jsonl")]
     n = len(preds)
@@ -40,7 +47,7 @@ def parity_row(name: str, run: Path, model: Path | None, gpu: list[int]) -> dict
             "agree": sum(a == b for a, b in zip(laptop, same)) / n,
             "laptop_only": sum(a > b for a, b in zip(laptop, same)), "gpu_only": sum(b > a for a, b in zip(laptop, same)),
             "s_per_question_median": statistics.median(p["seconds"] for p in preds),
-            "bytes": model.stat().st_size if model else None}
+            "bytes": model_bytes(model) if model else None}
 
 
 def main() -> None:
@@ -48,7 +55,8 @@ def main() -> None:
     p.add_argument("--gpu-rows", type=Path, required=True)
     p.add_argument("--method", required=True)
     p.add_argument("--split", default="test")
-    p.add_argument("--run", action="append", required=True, metavar="NAME=EVAL_DIR[:MODEL_FILE]")
+    p.add_argument("--run", action="append", required=True, metavar="NAME=EVAL_DIR[:MODEL]",
+                   help="MODEL: a .gguf file or an ONNX folder (its size: the sum of its files)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--card", required=True, help="the laptop side's machine, e.g. '2-core x86-64 CPU'")
     p.add_argument("--commit", required=True, help="the commit the laptop evaluations ran at")

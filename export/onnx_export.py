@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dgpo_edge.engines.onnx_genai import OnnxGenaiEngine
 from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import replace_dir
 from dgpo_edge.train.models import check_replaceable
@@ -103,12 +104,18 @@ def verify_onnx(model_dir: str | Path, onnx_dir: str | Path, precision: str,
     import onnxruntime_genai as og
 
     ref = reference or Reference.load(model_dir)
-    model = og.Model(str(onnx_dir))
-    tokenizer = og.Tokenizer(model)
-    match, first_bad = compare_tokenizers(ref, lambda t: [int(i) for i in tokenizer.encode(t)])
+    # The tokenizer judged is the one `OnnxGenaiEngine` encodes with (the folder's tokenizer.json
+    # through `tokenizers`). onnxruntime-genai's own tokenizer is only reported: it differs on
+    # SmolLM2's digit splitting of non-ASCII numerals ("½", "٣"), which the engine never meets.
+    engine = OnnxGenaiEngine(onnx_dir)
+    model = engine.model
+    match, first_bad = compare_tokenizers(ref, engine.encode)
+    genai = og.Tokenizer(model)
+    genai_match, genai_bad = compare_tokenizers(ref, lambda t: [int(i) for i in genai.encode(t)])
     ids = ref.encode(transcript_text(ref.tokenizer))
     result: dict[str, Any] = {"format": "onnx", "quant": precision, "tokenizer_match": match,
-                              "tokenizer_mismatch": first_bad, "n_texts": len(PARITY_TEXTS)}
+                              "tokenizer_mismatch": first_bad, "n_texts": len(PARITY_TEXTS),
+                              "genai_tokenizer_match": genai_match, "genai_tokenizer_mismatch": genai_bad}
     result.update(compare_logits(ref.logits(ids), _og_logits(model, ids)))
     prompt = ids[: len(ids) // 2]
     ours, theirs = _og_greedy(model, prompt, GREEDY_TOKENS), ref.greedy(prompt, GREEDY_TOKENS)

@@ -259,6 +259,20 @@ def test_transformers_kv_reuse_equals_a_fresh_run(hf_engine, tiny_qwen: Path):
     assert len({t for _, r in runs for t in r.token_ids}) > 3   # not a degenerate repeat
 
 
+def test_transformers_cache_truncated_to_a_shared_prefix_equals_a_fresh_run(hf_engine, tiny_qwen: Path):
+    # A second question shares the chat-template prefix with the first and then differs: the
+    # cache is cut back to that prefix (a positive-length crop, refused by transformers 5.24).
+    engine = open_engine(tiny_qwen, n_ctx=2048, threads=1)
+    first = engine.encode(engine.render_prompt("What is the capital of Peru?"))
+    second = engine.encode(engine.render_prompt("Who wrote the anthem of Chile?"))
+    engine.generate(first, 16).result
+    r = engine.generate(second, 16).result
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    assert 0 < r.cached_tokens == shared
+    assert engine.cached_ids[:len(second)] == second
+    assert _fresh(hf_engine, second, 16).token_ids == r.token_ids
+
+
 def test_transformers_prompt_matches_the_tokenizer(hf_engine, qwen_dir: Path):
     transformers = pytest.importorskip("transformers")
     tok = transformers.AutoTokenizer.from_pretrained(str(qwen_dir))

@@ -42,6 +42,43 @@ def test_fp32_matches_transformers(tiny_qwen, tmp_path):
 
 
 @pytest.fixture(scope="module")
+def tiny_smol_llama(tmp_path_factory) -> Path:
+    """A tiny random Llama with SmolLM2's own tokenizer (digits split one by one), as a student
+    made by `model from-gguf` without --as has."""
+    try:
+        gguf_file = models.smollm2_gguf()
+    except Exception as e:
+        pytest.skip(str(e))
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = models.load_gguf_tokenizer(gguf_file)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      initializer_range=0.2, bos_token_id=1, eos_token_id=2)
+    return models.save_checkpoint(LlamaForCausalLM(cfg).eval(), tokenizer,
+                                  tmp_path_factory.mktemp("tiny-smol-llama") / "ckpt")
+
+
+def test_llama_with_smollm2_tokenizer_is_checked_with_the_engines_tokenizer(tiny_smol_llama, tmp_path):
+    # onnxruntime-genai's own tokenizer splits " ½ ٣" unlike tokenizer.json; the engine that runs
+    # the folder encodes with tokenizer.json, so that is the tokenizer the check must judge.
+    from dgpo_edge.engines import open_engine
+    from dgpo_edge.export.parity import PARITY_TEXTS, Reference
+
+    out = tmp_path / "onnx"
+    result = invoke("export", "onnx", tiny_smol_llama, "--out", out, "--precision", "fp32", "--json")
+    assert result.exit_code == 0, result.output
+    parity = json.loads(result.stdout)
+    assert parity["tokenizer_match"] is True, parity["tokenizer_mismatch"]
+    assert parity["passed"] is True, parity
+    assert isinstance(parity["genai_tokenizer_match"], bool)
+    ref, engine = Reference.load(tiny_smol_llama), open_engine(out, threads=1)
+    assert all(engine.encode(t) == ref.encode(t) for t in PARITY_TEXTS)
+
+
+@pytest.fixture(scope="module")
 def smol_qwen_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M as Qwen2 (shared with the other export tests through the base temp dir)."""
     try:

@@ -103,8 +103,12 @@ class TransformersEngine(Engine):
     def _truncate(self, keep: int) -> None:
         if keep == 0 or self._past is None:
             self._past = None
-        else:
-            self._past.crop(keep)
+            return
+        # A negative crop removes that many tokens in every transformers 5 release; a positive
+        # one (the cache's new length) was refused from 5.24 on.
+        drop = self._past.get_seq_length() - keep
+        if drop > 0:
+            self._past.crop(-drop)
 
     def _evaluate(self, ids: Sequence[int]) -> None:
         torch = self._torch
