@@ -180,7 +180,7 @@ def test_scanner_resolves_imports_in_a_package_init():
 
 def test_scanner_reads_the_whole_tree():
     modules = {i.module for i in ALL}
-    assert {"dgpo_edge.cli.main", "dgpo_edge.retrieval.dense", "dgpo_edge.train.rl",
+    assert {"dgpo_edge.cli.main", "dgpo_edge.retrieval.dense", "dgpo_edge.train.rl.loop",
             "dgpo_edge.export.onnx_export", "dgpo_edge.apps.chat.app"} <= modules
     assert len(modules) > 80
     # a known lazy import, resolved from `from ..train.sft import run_sft` inside a command

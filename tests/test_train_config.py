@@ -81,7 +81,7 @@ def test_kd_validation(tmp_path, overrides, needle):
 
 
 def test_shipped_configs_are_valid():
-    from dgpo_edge.train.rl_config import load_rl_config
+    from dgpo_edge.train.rl.config import load_rl_config
 
     stages = {"sft": SFTConfig, "kd": KDConfig}
     names = sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("accelerate-"))
@@ -152,7 +152,7 @@ def test_non_finite_numbers_are_refused(tmp_path, text, overrides, key):
     ("rollout.top_p=nan", "rollout.top_p"),
 ])
 def test_rl_non_finite_numbers_are_refused(tmp_path, override, key):
-    from dgpo_edge.train.rl_config import load_rl_config
+    from dgpo_edge.train.rl.config import load_rl_config
 
     path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
     load_rl_config("dgpo", path, ["rollout.prompts_per_step=256"])   # the base is valid

@@ -30,7 +30,7 @@ from .sft import load_lm, make_eval_fn, report_data
 
 def load_teacher(config: KDConfig, student: Any, device: Any, bf16: bool) -> Any:
     """The frozen teacher, on the student's device; refuses a different vocabulary."""
-    from .rl_models import load_frozen
+    from .rl.models import load_frozen
 
     teacher, _ = load_frozen(config.kd.teacher, device, bf16)
     v_s = student.get_output_embeddings().weight.shape[0]

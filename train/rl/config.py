@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .config import EvalSection, LogSection, LoRASection, ModelSection, RunSection
+from ..config import EvalSection, LogSection, LoRASection, ModelSection, RunSection
 
 ALGORITHMS = ("ppo", "dgpo", "grpo")
 ESTIMATORS = ("k1", "k3", "reverse_full", "forward_full")
@@ -167,7 +167,7 @@ def validate_rl(config: RLConfig, path) -> None:
     """Presence and range checks, each naming the key (InputError -> exit status 2)."""
     from dgpo_edge.errors import InputError
 
-    from .config import validate_lora
+    from ..config import validate_lora
 
     def bad(key: str, why: str) -> None:
         raise InputError(f"key {key!r} {why}", path)
@@ -262,7 +262,7 @@ def load_rl_config(algorithm: str, path, overrides: list[str] = ()) -> RLConfig:
     """Read YAML + overrides for `train <algorithm>`; a YAML `algorithm` must match the command."""
     from dgpo_edge.errors import InputError
 
-    from .config import load_config
+    from ..config import load_config
 
     # The command has the last word; validation waits until the YAML's own value is compared.
     config = load_config(RLConfig, path, [*overrides, f"algorithm={algorithm}"], validator=lambda c, p: None)

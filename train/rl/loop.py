@@ -44,10 +44,11 @@ import torch
 from dgpo_edge.errors import InputError
 from dgpo_edge.protocol import ProtocolConfig
 
-from . import rl_deepspeed, rl_math
-from .rl_batch import StepBatch, pack, step_prompts, step_seed
-from .rl_config import RLConfig
-from .rl_models import (
+from . import deepspeed as rl_deepspeed
+from . import math as rl_math
+from .batch import StepBatch, pack, step_prompts, step_seed
+from .config import RLConfig
+from .models import (
     PolicyHead,
     check_same_tokenizer,
     frozen_logps,
@@ -55,8 +56,8 @@ from .rl_models import (
     load_frozen,
     make_critic,
 )
-from .rollout import RolloutConfig, generate_rollouts, make_engine
-from .trainer import (
+from ..rollout import RolloutConfig, generate_rollouts, make_engine
+from ..trainer import (
     _Loggers,
     _progress,
     lr_lambda,
@@ -109,7 +110,7 @@ class RLTrainer:
     """Runs one `train ppo|dgpo|grpo` job; see the module docstring."""
 
     def __init__(self, config: RLConfig, on_step: Callable[[int, dict], None] | None = None):
-        from .trainer import zero_stage
+        from ..trainer import zero_stage
 
         self.config = config
         self.on_step = on_step
@@ -137,7 +138,7 @@ class RLTrainer:
     def _load_data(self) -> None:
         from dgpo_edge.datasets import read_qa
 
-        from .sft import open_retriever
+        from ..sft import open_retriever
 
         self.examples = read_qa(self.config.data.train, limit=self.config.data.limit)
         if not self.examples:
@@ -145,8 +146,8 @@ class RLTrainer:
         self.retriever = open_retriever(self.config.data.retriever)
 
     def _load_models(self) -> None:
-        from .lora import apply_lora
-        from .sft import load_lm, load_tokenizer
+        from ..lora import apply_lora
+        from ..sft import load_lm, load_tokenizer
 
         c = self.config
         torch.manual_seed(c.run.seed)
@@ -233,7 +234,7 @@ class RLTrainer:
     def eval_fn(self) -> Callable[[Any, int], dict] | None:
         """Greedy dev EM with this run's own episode limits (rollout.max_searches, top_k, tokens per
         turn, ...), so a run is evaluated on the kind of episode it trains on; None without data.dev."""
-        from .sft import make_eval_fn
+        from ..sft import make_eval_fn
 
         return make_eval_fn(self.config, self.tokenizer, self.rollout_config.protocol)
 
@@ -529,7 +530,7 @@ class RLTrainer:
             self.save_last()
 
     def _evaluate(self, eval_fn: Any, logger: Any) -> None:
-        from .lora import save_checkpoint
+        from ..lora import save_checkpoint
 
         t0 = time.perf_counter()
         self.acc.wait_for_everyone()

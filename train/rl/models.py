@@ -19,7 +19,7 @@ import torch
 
 from dgpo_edge.errors import InputError
 
-from . import rl_math
+from . import math as rl_math
 
 
 def select_hidden(hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +102,7 @@ def check_same_tokenizer(student_tok: Any, teacher_tok: Any, where: str) -> None
 
 def load_frozen(path: str, device: Any, bf16: bool, load_in_8bit: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer) with gradients off, in eval mode, bf16 on GPUs that have it."""
-    from .sft import load_lm, load_tokenizer
+    from ..sft import load_lm, load_tokenizer
 
     if load_in_8bit:
         model, tokenizer = _load_8bit(path), load_tokenizer(path)

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .data import batch_order
-from .rollout import Rollout
+from ..data import batch_order
+from ..rollout import Rollout
 
 
 @dataclass
