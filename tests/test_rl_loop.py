@@ -1,4 +1,4 @@
-"""`train ppo | dgpo | grpo` end to end on CPU with tiny real models (train/rl.py).
+"""`train ppo | dgpo | grpo` end to end on CPU with tiny real models (train/rl/loop.py).
 
 The toy task is the rollout tests' one: a BM25 corpus of five invented
 countries and one question ("What is the capital of Freedonia"). The student

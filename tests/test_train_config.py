@@ -11,9 +11,9 @@ from dgpo_edge.train.config import (
     KDConfig,
     SFTConfig,
     load_config,
-    resolve_path,
     write_resolved,
 )
+from dgpo_edge.train.models import resolve_path
 
 from dgpo_edge.errors import InputError
 

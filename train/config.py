@@ -13,7 +13,6 @@ run records exactly what produced it.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import types
 import typing
@@ -22,9 +21,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dgpo_edge.errors import InputError
-
-PKG_SCHEME = "pkg://"
-
 
 # --- sections -------------------------------------------------------------------
 
@@ -246,17 +242,6 @@ def write_resolved(config: Any, out_dir: Path) -> Path:
     header = f"# resolved {config.stage} config (written by dgpo-edge train {config.stage})\n"
     write_text(path, header + yaml.safe_dump(to_dict(config), sort_keys=False))
     return path
-
-
-def resolve_path(spec: str) -> str:
-    """Expand `pkg://package/file` to a file inside an installed package (without importing it)."""
-    if not spec.startswith(PKG_SCHEME):
-        return spec
-    package, _, rel = spec[len(PKG_SCHEME):].partition("/")
-    found = importlib.util.find_spec(package)
-    if found is None or not found.submodule_search_locations:
-        raise InputError(f"package {package!r} is not installed", spec)
-    return str(Path(next(iter(found.submodule_search_locations))) / rel)
 
 
 # --- building and checking -------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 One step:
 
-1. **rollout** - this process's share of the step's questions (`rl_batch.step_prompts`),
+1. **rollout** - this process's share of the step's questions (`batch.step_prompts`),
    `rollout.samples_per_prompt` episodes each, sampled by the student with the
    fast rollout engine (train/rollout.py; the same protocol code as the edge agent).
 2. **score** - without gradients: the log-probs of the sampled tokens under the
@@ -13,7 +13,7 @@ One step:
 3. **advantages** - token rewards (the exact-match score on the last generated
    token, minus beta * k_t on the tokens of selected rollouts), then GAE with a
    critic over `critic.value_mask`'s positions, whitened per `ppo.whiten` (ppo,
-   dgpo; both the reference's way by default, see rl_math), or group-normalised
+   dgpo; both the reference's way by default, see math.py), or group-normalised
    scores (grpo).
 4. **update** - `ppo.epochs` passes over shuffled mini-batches of `ppo.mini_batch`
    rollouts, each accumulated over micro-batches: the clipped policy loss, the
@@ -21,9 +21,9 @@ One step:
    clipped value loss for the critic; one optimizer step each per mini-batch.
 
 Processes: one, DDP, or DeepSpeed ZeRO-2 with the actor and the critic as two DeepSpeed
-engines (rl_deepspeed.py; ZeRO-3 is refused).
+engines (deepspeed.py; ZeRO-3 is refused).
 
-The math is in rl_math.py, the models in rl_models.py. Everything random is
+The math is in math.py, the models in models.py (loading: train/models.py). Everything random is
 seeded by (seed, step, process), and checkpoints/last holds the models,
 optimizers, schedulers, RNG and the loop state, so a run killed at any point
 and resumed logs the same metrics as one that never stopped (a test checks it).
@@ -53,17 +53,18 @@ from .models import (
     check_same_tokenizer,
     frozen_logps,
     full_vocab_kl,
-    load_frozen,
     make_critic,
 )
 from ..rollout import RolloutConfig, generate_rollouts, make_engine
-from ..trainer import (
-    _Loggers,
-    _progress,
+from ..models import load_frozen, load_lm, load_tokenizer
+from ..plumbing import (
+    Loggers,
     lr_lambda,
     peak_memory_gb,
     prepare_run_dir,
+    progress_bar,
     write_last,
+    zero_stage,
 )
 
 RL_COLUMNS = ("step", "reward", "em", "answered", "response_length", "searches", "invalid_rate",
@@ -110,11 +111,9 @@ class RLTrainer:
     """Runs one `train ppo|dgpo|grpo` job; see the module docstring."""
 
     def __init__(self, config: RLConfig, on_step: Callable[[int, dict], None] | None = None):
-        from ..trainer import zero_stage
-
         self.config = config
         self.on_step = on_step
-        # Under DeepSpeed the critic's engine has an Accelerator of its own (rl_deepspeed.py).
+        # Under DeepSpeed the critic's engine has an Accelerator of its own (deepspeed.py).
         self.acc, self.critic_acc = rl_deepspeed.make_rl_accelerators(config)
         self.deepspeed = zero_stage(self.acc) is not None
         self.out = Path(config.run.out_dir)
@@ -138,7 +137,7 @@ class RLTrainer:
     def _load_data(self) -> None:
         from dgpo_edge.datasets import read_qa
 
-        from ..sft import open_retriever
+        from ..evaluation import open_retriever
 
         self.examples = read_qa(self.config.data.train, limit=self.config.data.limit)
         if not self.examples:
@@ -147,7 +146,6 @@ class RLTrainer:
 
     def _load_models(self) -> None:
         from ..lora import apply_lora
-        from ..sft import load_lm, load_tokenizer
 
         c = self.config
         torch.manual_seed(c.run.seed)
@@ -207,7 +205,7 @@ class RLTrainer:
         self.acc.register_for_checkpointing(self.actor_sched)
 
     def _prepare_engines(self, policy: Any, actor_opt: Any, adam: Callable, schedule: Callable) -> None:
-        """DeepSpeed: the actor and the critic each prepared by its own Accelerator (rl_deepspeed.py);
+        """DeepSpeed: the actor and the critic each prepared by its own Accelerator (deepspeed.py);
         the schedulers stay on the raw AdamW, whose learning rate the engines' optimizers read."""
         o = self.config.optim
         self.policy, self.actor_opt = rl_deepspeed.prepare(self.acc, "actor", policy, actor_opt, self.config)
@@ -234,7 +232,7 @@ class RLTrainer:
     def eval_fn(self) -> Callable[[Any, int], dict] | None:
         """Greedy dev EM with this run's own episode limits (rollout.max_searches, top_k, tokens per
         turn, ...), so a run is evaluated on the kind of episode it trains on; None without data.dev."""
-        from ..sft import make_eval_fn
+        from ..evaluation import make_eval_fn
 
         return make_eval_fn(self.config, self.tokenizer, self.rollout_config.protocol)
 
@@ -246,12 +244,12 @@ class RLTrainer:
             self.state = RLState(**saved)
             self.watch.load_state_dict(self.state.collapse)
         eval_fn = self.eval_fn()
-        logger = _Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
+        logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
         t_start = time.perf_counter() - self.state.elapsed_s
         if eval_fn and self.config.eval.at_start and self.state.step == 0:
             self._evaluate(eval_fn, logger)
         total = self.config.optim.steps
-        with _progress(self.acc.is_main_process and self.config.log.progress, total, self.state.step,
+        with progress_bar(self.acc.is_main_process and self.config.log.progress, total, self.state.step,
                        self.config.algorithm) as advance:
             while self.state.step < total and self.state.stopped is None:
                 row = self.step()
