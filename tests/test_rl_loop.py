@@ -343,7 +343,7 @@ def test_8bit_teacher_needs_bitsandbytes(toy, tmp_path):
 
 def test_head_rows_only_changes_the_pass_size():
     """Log-probs, entropies and full-vocabulary KL are the same whatever `head_rows` cuts them into."""
-    from dgpo_edge.train.rl.models import PolicyHead, full_vocab_kl
+    from dgpo_edge.train.rl.models import PolicyHead, lm_full_vocab_kl
 
     student, teacher = support.tiny_model("llama", 97, seed=1), support.tiny_model("llama", 97, seed=2)
     ids = torch.randint(0, 97, (3, 20), generator=torch.Generator().manual_seed(0))
@@ -356,7 +356,7 @@ def test_head_rows_only_changes_the_pass_size():
     for a, b in zip(whole, cut):
         torch.testing.assert_close(a, b)
     assert bool((whole[0][mask.bool()] < 0).all()) and bool((whole[0][~mask.bool()] == 0).all())
-    kl_whole = full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=4096)
-    kl_cut = full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=7)
+    kl_whole = lm_full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=4096)
+    kl_cut = lm_full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=7)
     torch.testing.assert_close(kl_whole, kl_cut)
     assert bool((kl_whole[mask.bool()] > 0).all())

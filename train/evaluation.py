@@ -46,13 +46,12 @@ def open_retriever(spec: str) -> Retriever:
     raise InputError("expected an index directory or a corpus .jsonl", path)
 
 
-def make_eval_fn(config: Any, tokenizer: Any, protocol: Any = None) -> Callable[[Any, int], dict] | None:
+def make_eval_fn(config: Any, tokenizer: Any) -> Callable[[Any, int], dict] | None:
     """Dev EM through greedy multi-turn rollouts (train/rollout.py), or None without data.dev.
 
-    `protocol` (a ProtocolConfig) sets the episode limits; by default the protocol's own with
-    `eval.max_turn_tokens` per turn. An RL run passes its rollout limits, so that it is
-    evaluated on the episodes it trains on. The returned function's `rollout` attribute is the
-    RolloutConfig it uses.
+    The episodes have the run's own limits (`config.protocol`, the section an RL run's rollouts
+    use too), so that a run is evaluated on the kind of episode it trains on. The returned
+    function's `rollout` attribute is the RolloutConfig it uses.
     """
     if not config.data.dev:
         return None
@@ -65,12 +64,10 @@ def make_eval_fn(config: Any, tokenizer: Any, protocol: Any = None) -> Callable[
     examples = read_qa(config.data.dev, limit=config.data.dev_limit)
     retriever = open_retriever(config.data.retriever)
 
-    from dgpo_edge.protocol import ProtocolConfig
-
     from .rollout import RolloutConfig
 
     e = config.eval
-    rollout = RolloutConfig(protocol=protocol or ProtocolConfig(max_turn_tokens=e.max_turn_tokens), greedy=True,
+    rollout = RolloutConfig(protocol=config.protocol, greedy=True,
                             batch_size=e.batch_size, engine=e.engine, chat_template=config.data.chat_template)
 
     def evaluate(model: Any, step: int) -> dict:

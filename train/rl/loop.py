@@ -42,7 +42,6 @@ from typing import Any
 import torch
 
 from dgpo_edge.errors import InputError
-from dgpo_edge.protocol import ProtocolConfig
 
 from . import deepspeed as rl_deepspeed
 from . import math as rl_math
@@ -52,7 +51,7 @@ from .models import (
     PolicyHead,
     check_same_tokenizer,
     frozen_logps,
-    full_vocab_kl,
+    lm_full_vocab_kl,
     make_critic,
 )
 from ..rollout import RolloutConfig, generate_rollouts, make_engine
@@ -184,9 +183,7 @@ class RLTrainer:
         # across optimizer steps, so one engine serves the whole run.
         r = c.rollout
         self.rollout_config = RolloutConfig(
-            protocol=ProtocolConfig(top_k=r.top_k, max_searches=r.max_searches, max_turn_tokens=r.max_turn_tokens,
-                                    max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens),
-            temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
+            protocol=c.protocol, temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
             chat_template=c.data.chat_template)
         self.engine = make_engine(self.lm, self.tokenizer, self.rollout_config)
 
@@ -230,11 +227,11 @@ class RLTrainer:
         return self.acc.unwrap_model(self.policy).lm
 
     def eval_fn(self) -> Callable[[Any, int], dict] | None:
-        """Greedy dev EM with this run's own episode limits (rollout.max_searches, top_k, tokens per
-        turn, ...), so a run is evaluated on the kind of episode it trains on; None without data.dev."""
+        """Greedy dev EM with this run's own episode limits (the `protocol` section its rollouts use),
+        so a run is evaluated on the kind of episode it trains on; None without data.dev."""
         from ..evaluation import make_eval_fn
 
-        return make_eval_fn(self.config, self.tokenizer, self.rollout_config.protocol)
+        return make_eval_fn(self.config, self.tokenizer)
 
     # -- the loop --------------------------------------------------------------------------------
     def train(self) -> dict:
@@ -345,7 +342,7 @@ class RLTrainer:
                 kl[index, :width] = rl_math.teacher_kl(old_logp[index, :width], lp, t.estimator)
             else:
                 direction = t.estimator.split("_")[0]
-                kl[index, :width] = self._forward_all(lambda b: full_vocab_kl(
+                kl[index, :width] = self._forward_all(lambda b: lm_full_vocab_kl(
                     self.lm, self.teacher, b.input_ids, b.attention_mask, b.mask, direction,
                     self.config.rollout.temperature, self.config.head_rows), sub)
         return {"rows": rows, "kl_teacher": kl * batch.mask, "teacher_logp": teacher_logp}

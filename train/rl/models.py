@@ -108,7 +108,7 @@ def frozen_logps(lm: Any, input_ids, attention_mask, mask, temperature: float = 
 
 
 @torch.no_grad()
-def full_vocab_kl(student: Any, teacher: Any, input_ids, attention_mask, mask, direction: str,
+def lm_full_vocab_kl(student: Any, teacher: Any, input_ids, attention_mask, mask, direction: str,
                   temperature: float = 1.0, rows: int = 2048) -> torch.Tensor:
     """Full-vocabulary KL per generated token [B, L] between the student's and the teacher's
     next-token distributions (`direction` reverse = KL(student || teacher))."""
