@@ -187,7 +187,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     rollout._import_train()
-    from dgpo_edge.train.decoding import Sampling
+    from dgpo_edge.train.decoding import RolloutSampling
     from dgpo_edge.train.fast_decode import FastDecoder
 
     from dgpo_edge import protocol
@@ -202,7 +202,7 @@ def main() -> None:
             engine = FastDecoder(model, tokenizer, protocol.STOP_STRINGS, (), cuda_graphs=True, **options)
             engine._refresh_lm_head()
             st = filled_state(engine, args.batch, args.length, args.position)
-            for name, sampling in (("greedy", Sampling(greedy=True)), ("sampled", Sampling(temperature=1.0))):
+            for name, sampling in (("greedy", RolloutSampling(greedy=True)), ("sampled", RolloutSampling(temperature=1.0))):
                 key = f"step_{name}_{label}"
                 res["ms"][key] = graph_ms(lambda s=sampling: one_step(engine, st, s, args.position), args.reps)
                 print(key, res["ms"][key], flush=True)
@@ -210,15 +210,15 @@ def main() -> None:
             torch.cuda.empty_cache()
         engine = FastDecoder(model, tokenizer, protocol.STOP_STRINGS, (), cuda_graphs=True, **VARIANTS["before"])
         st = filled_state(engine, args.batch, args.length, args.position)
-        for name, fn in parts(engine, st, Sampling).items():
+        for name, fn in parts(engine, st, RolloutSampling).items():
             try:
                 res["ms"][name] = graph_ms(fn, args.reps)
             except Exception as e:  # noqa: BLE001 - a candidate may not run here; say so and go on
                 res["ms"][name] = f"failed: {type(e).__name__}: {str(e)[:200]}"
             print(name, res["ms"][name], flush=True)
         res["ms"]["step_sampled_eager"] = eager_ms(
-            lambda: one_step(engine, st, Sampling(temperature=1.0), args.position), 10)
-        res["kernels"] = kernel_table(engine, st, Sampling(temperature=1.0))
+            lambda: one_step(engine, st, RolloutSampling(temperature=1.0), args.position), 10)
+        res["kernels"] = kernel_table(engine, st, RolloutSampling(temperature=1.0))
     print(res["kernels"])
     print(json.dumps({k: v for k, v in res.items() if k != "kernels"}, indent=1))
     if args.out:

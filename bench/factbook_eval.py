@@ -86,7 +86,8 @@ def main() -> None:
     import torch
 
     from dgpo_edge.datasets import read_qa
-    from dgpo_edge.train.sft import load_lm, open_retriever
+    from dgpo_edge.train.evaluation import open_retriever
+    from dgpo_edge.train.models import load_lm
 
     data, out = Path(args.data), Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

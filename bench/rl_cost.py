@@ -41,8 +41,8 @@ def prepare(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from dgpo_edge.train.models import quiet_transformers
-    from dgpo_edge.train.rl import run_rl
-    from dgpo_edge.train.rl_config import RLConfig, validate_rl
+    from dgpo_edge.train.rl.loop import run_rl
+    from dgpo_edge.train.rl.config import RLConfig, validate_rl
 
     quiet_transformers()
     config = RLConfig(algorithm="dgpo")

@@ -115,14 +115,14 @@ BEFORE = dict(attention="matmul", fused_sampling=False, lm_head="model")
 def run_fast(model, tokenizer, prefixes, new_tokens: int, check_every: int, greedy: bool,
              cuda_graphs: bool = True, **options) -> dict:
     import torch
-    from dgpo_edge.train.decoding import Sampling
+    from dgpo_edge.train.decoding import RolloutSampling
     from dgpo_edge.train.fast_decode import FastDecoder
 
     from dgpo_edge import protocol
 
     engine = FastDecoder(model, tokenizer, protocol.STOP_STRINGS, eos_ids=(), check_every=check_every,
                          cuda_graphs=cuda_graphs, **options)
-    sampling = Sampling(greedy=greedy)
+    sampling = RolloutSampling(greedy=greedy)
     gen = torch.Generator(device=model.device).manual_seed(0)
     _sync()
     t0 = time.perf_counter()
@@ -170,7 +170,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
 def graph_check(tokenizer) -> dict:
     """Fast engine with CUDA graphs == plain engine, tiny fp32 model, greedy and sampled."""
     import torch
-    from dgpo_edge.train.decoding import PlainDecoder, Sampling
+    from dgpo_edge.train.decoding import PlainDecoder, RolloutSampling
     from dgpo_edge.train.fast_decode import FastDecoder
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -185,7 +185,7 @@ def graph_check(tokenizer) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     pre = prompts(tokenizer, 8)
     res = {}
-    for name, sampling in (("greedy", Sampling(greedy=True)), ("sampled", Sampling(temperature=1.0))):
+    for name, sampling in (("greedy", RolloutSampling(greedy=True)), ("sampled", RolloutSampling(temperature=1.0))):
         outs = []
         for eng in (PlainDecoder(model, tokenizer, protocol.STOP_STRINGS, ()),
                     FastDecoder(model, tokenizer, protocol.STOP_STRINGS, (), check_every=16)):
@@ -201,8 +201,8 @@ def graph_check(tokenizer) -> dict:
     same = []
     for rows, extra, new in ((8, 0, 40), (3, 0, 20), (8, 300, 100), (5, 700, 300), (2, 0, 10)):
         pre_i = [p + p[:extra] for p in pre[:rows]]
-        a = fast.decode(pre_i, [new] * rows, Sampling(greedy=True), None)
-        b = plain.decode(pre_i, [new] * rows, Sampling(greedy=True), None)
+        a = fast.decode(pre_i, [new] * rows, RolloutSampling(greedy=True), None)
+        b = plain.decode(pre_i, [new] * rows, RolloutSampling(greedy=True), None)
         same.append([x.ids for x in a] == [y.ids for y in b])
     res["multi_call_identical"] = same
     return res

@@ -46,9 +46,12 @@ ALLOWED = {
 # room, though bundle imports agent. Moving that loader up to bundle or the serve command ends it.
 KNOWN_UPWARD_IMPORTS = {"dgpo_edge.agent.pool": ("dgpo_edge.bundle",)}
 # Export reads checkpoints, not trainers: the one training module it may import is the model
-# loader (`load_checkpoint`, `check_replaceable` in train/models.py). Issue 22 point 1 will gather
-# model loading in one module; this list then names that module instead.
+# loader (`load_checkpoint`, `check_replaceable` in train/models.py, where all loading lives).
 EXPORT_MAY_IMPORT_FROM_TRAIN = {"dgpo_edge.train.models"}
+# The training commands' modules: each puts the library rooms of train/ together for one command.
+# Only the CLI imports them (tests and bench/ may too); a helper another module needs moves down into
+# a library module (models, evaluation, plumbing, ...) instead.
+COMMAND_MODULES = {"dgpo_edge.train.sft", "dgpo_edge.train.kd", "dgpo_edge.train.tgo", "dgpo_edge.train.rl.loop"}
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ def test_scanner_resolves_imports_in_a_package_init():
 
 def test_scanner_reads_the_whole_tree():
     modules = {i.module for i in ALL}
-    assert {"dgpo_edge.cli.main", "dgpo_edge.retrieval.dense", "dgpo_edge.train.rl",
+    assert {"dgpo_edge.cli.main", "dgpo_edge.retrieval.dense", "dgpo_edge.train.rl.loop",
             "dgpo_edge.export.onnx_export", "dgpo_edge.apps.chat.app"} <= modules
     assert len(modules) > 80
     # a known lazy import, resolved from `from ..train.sft import run_sft` inside a command
@@ -213,6 +216,19 @@ def test_export_reads_checkpoints_not_trainers():
     bad = [i.where() for i in ALL if room_of(i.module) == "export" and room_of(i.target) == "train"
            and not within(i.target, EXPORT_MAY_IMPORT_FROM_TRAIN)]
     assert bad == [], "export may load models, not import training code:\n" + "\n".join(bad)
+
+
+def test_no_module_imports_a_training_command():
+    bad = [i.where() for i in ALL if room_of(i.module) != "cli" and i.module not in COMMAND_MODULES
+           and within(i.target, COMMAND_MODULES)]
+    assert bad == [], "move what is shared into a library module of train/:\n" + "\n".join(bad)
+
+
+def test_training_commands_are_named_right():
+    """COMMAND_MODULES names modules that exist, and the CLI starts each of them."""
+    modules = {i.module for i in ALL}
+    assert COMMAND_MODULES <= modules
+    assert {i.target.rsplit(".", 1)[0] for i in ALL if room_of(i.module) == "cli"} >= COMMAND_MODULES
 
 
 @pytest.mark.parametrize("room", sorted(ALLOWED))

@@ -1,4 +1,4 @@
-"""`train ppo | dgpo | grpo` under DeepSpeed ZeRO-2 (train/rl_deepspeed.py), launched like on a GPU host
+"""`train ppo | dgpo | grpo` under DeepSpeed ZeRO-2 (train/rl/deepspeed.py), launched like on a GPU host
 (`accelerate launch` with the project's ZeRO-2 config), here on CPU with one process
 (DS_ACCELERATOR=cpu), on the toy task of test_rl_loop.py. Skipped without DeepSpeed (not a
 project dependency).

@@ -14,8 +14,8 @@ pytest.importorskip("accelerate")
 from cli_helpers import assert_one_line_error, invoke  # noqa: E402
 from test_rl_loop import rows, toy, write_rl_config  # noqa: E402,F401 - toy is a fixture
 
-from dgpo_edge.train.rl import RLTrainer, run_rl  # noqa: E402
-from dgpo_edge.train.rl_config import load_rl_config  # noqa: E402
+from dgpo_edge.train.rl.loop import RLTrainer, run_rl  # noqa: E402
+from dgpo_edge.train.rl.config import load_rl_config  # noqa: E402
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -1,4 +1,4 @@
-"""`train ppo | dgpo | grpo` end to end on CPU with tiny real models (train/rl.py).
+"""`train ppo | dgpo | grpo` end to end on CPU with tiny real models (train/rl/loop.py).
 
 The toy task is the rollout tests' one: a BM25 corpus of five invented
 countries and one question ("What is the capital of Freedonia"). The student
@@ -33,8 +33,8 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from cli_helpers import assert_one_line_error, invoke  # noqa: E402
 
-from dgpo_edge.train.rl import run_rl  # noqa: E402
-from dgpo_edge.train.rl_config import load_rl_config  # noqa: E402
+from dgpo_edge.train.rl.loop import run_rl  # noqa: E402
+from dgpo_edge.train.rl.config import load_rl_config  # noqa: E402
 from dgpo_edge.transcript import encoder_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -343,7 +343,7 @@ def test_8bit_teacher_needs_bitsandbytes(toy, tmp_path):
 
 def test_head_rows_only_changes_the_pass_size():
     """Log-probs, entropies and full-vocabulary KL are the same whatever `head_rows` cuts them into."""
-    from dgpo_edge.train.rl_models import PolicyHead, full_vocab_kl
+    from dgpo_edge.train.rl.models import PolicyHead, lm_full_vocab_kl
 
     student, teacher = support.tiny_model("llama", 97, seed=1), support.tiny_model("llama", 97, seed=2)
     ids = torch.randint(0, 97, (3, 20), generator=torch.Generator().manual_seed(0))
@@ -356,7 +356,7 @@ def test_head_rows_only_changes_the_pass_size():
     for a, b in zip(whole, cut):
         torch.testing.assert_close(a, b)
     assert bool((whole[0][mask.bool()] < 0).all()) and bool((whole[0][~mask.bool()] == 0).all())
-    kl_whole = full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=4096)
-    kl_cut = full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=7)
+    kl_whole = lm_full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=4096)
+    kl_cut = lm_full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=7)
     torch.testing.assert_close(kl_whole, kl_cut)
     assert bool((kl_whole[mask.bool()] > 0).all())

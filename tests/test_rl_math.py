@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dgpo_edge.train.rl_math import (
+from dgpo_edge.train.rl.math import (
     CollapseWatch,
     entropy_from_logits,
     full_vocab_kl,

@@ -20,7 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dgpo_edge.train.rl_math import (
+from dgpo_edge.train.rl.math import (
     gae,
     masked_whiten,
     response_mask,
@@ -111,7 +111,7 @@ def test_reduce_gives_the_statistics_of_the_concatenated_batch():
 
 _WORKER = r"""
 import json, os, sys, torch, torch.distributed as dist
-from dgpo_edge.train.rl_math import whiten_advantages
+from dgpo_edge.train.rl.math import whiten_advantages
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=rank, world_size=2)
 data = json.loads(sys.argv[3])[rank]

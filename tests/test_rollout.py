@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 import test_rollout_support as support  # noqa: E402
 import torch  # noqa: E402
-from dgpo_edge.train.decoding import PlainDecoder, Sampling, StopScanner, sample_next  # noqa: E402
+from dgpo_edge.train.decoding import PlainDecoder, RolloutSampling, StopScanner, sample_next  # noqa: E402
 from dgpo_edge.train.fast_decode import FastDecoder  # noqa: E402
 from dgpo_edge.train.rollout import RolloutConfig, evaluate_em, generate_rollouts  # noqa: E402
 from test_rollout_support import EPISODES, tiny_model  # noqa: E402
@@ -106,18 +106,18 @@ def test_stop_scanner_keeps_the_completing_token_and_drops_eos(smol_tok):
 
 def test_sample_next_logprobs_greedy_and_nucleus():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 0.0, 0.0]])
-    tok, lp = sample_next(logits, Sampling(greedy=True, temperature=2.0))
+    tok, lp = sample_next(logits, RolloutSampling(greedy=True, temperature=2.0))
     assert tok.tolist() == [0, 1]
     assert torch.allclose(lp, torch.log_softmax(logits / 2.0, -1)[[0, 1], [0, 1]])
     # top_p small keeps only the most likely token, whatever the noise says.
     noise = torch.rand((2, 4), generator=torch.Generator().manual_seed(0))
     for _ in range(5):
-        tok, _ = sample_next(logits, Sampling(top_p=0.05), noise)
+        tok, _ = sample_next(logits, RolloutSampling(top_p=0.05), noise)
         assert tok.tolist() == [0, 1]
         noise = torch.rand((2, 4))
     # Sampling follows the distribution: token 1 of row 2 has p = e^3 / (e^3 + 3) ~ 0.87.
     g = torch.Generator().manual_seed(1)
-    draws = [sample_next(logits, Sampling(), torch.rand((2, 4), generator=g))[0][1].item() for _ in range(400)]
+    draws = [sample_next(logits, RolloutSampling(), torch.rand((2, 4), generator=g))[0][1].item() for _ in range(400)]
     assert 0.80 < draws.count(1) / 400 < 0.94
 
 
@@ -260,7 +260,7 @@ def test_evaluate_em_is_greedy(memorized, smol_tok, retriever):
 def test_fast_engine_grows_its_cache_across_calls(random_llama, smol_tok):
     eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), check_every=4, length_bucket=16)
     plain = PlainDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())
-    g = Sampling(greedy=True)
+    g = RolloutSampling(greedy=True)
     for prefixes, new in (([[5, 6, 7]], 3), ([[1] * 40, [2, 3]], 30), ([[9]], 2)):
         got = eng.decode(prefixes, [new] * len(prefixes), g, None)
         want = plain.decode(prefixes, [new] * len(prefixes), g, None)

@@ -11,7 +11,7 @@ import test_rollout_support as support  # noqa: E402
 import torch  # noqa: E402
 from dgpo_edge import protocol  # noqa: E402
 from dgpo_edge.train.config import LoRASection  # noqa: E402
-from dgpo_edge.train.decoding import PlainDecoder, Sampling  # noqa: E402
+from dgpo_edge.train.decoding import PlainDecoder, RolloutSampling  # noqa: E402
 from dgpo_edge.train.fast_decode import FastDecoder  # noqa: E402
 from dgpo_edge.train.lora import apply_lora, merged_state_dict  # noqa: E402
 from dgpo_edge.train.rollout_copy import RolloutCopy  # noqa: E402
@@ -83,12 +83,12 @@ def test_fast_engine_on_the_copy_follows_each_sync(smol_tok):
     tok = smol_tok
     engine = FastDecoder(copy.model, tok, protocol.STOP_STRINGS, (), check_every=4, length_bucket=16)
     prefixes = [[5, 6, 7], [8, 9]]
-    before = engine.decode(prefixes, [10, 10], Sampling(greedy=True), None)
+    before = engine.decode(prefixes, [10, 10], RolloutSampling(greedy=True), None)
     _train_step(actor.train())
     copy.sync(actor.eval())
-    after = engine.decode(prefixes, [10, 10], Sampling(greedy=True), None)
+    after = engine.decode(prefixes, [10, 10], RolloutSampling(greedy=True), None)
     want = PlainDecoder(copy.model, tok, protocol.STOP_STRINGS, ()).decode(prefixes, [10, 10],
-                                                                            Sampling(greedy=True), None)
+                                                                            RolloutSampling(greedy=True), None)
     assert [o.ids for o in after] == [o.ids for o in want]
     assert [o.ids for o in before] != [o.ids for o in after]
 

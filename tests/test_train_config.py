@@ -11,9 +11,9 @@ from dgpo_edge.train.config import (
     KDConfig,
     SFTConfig,
     load_config,
-    resolve_path,
     write_resolved,
 )
+from dgpo_edge.train.models import resolve_path
 
 from dgpo_edge.errors import InputError
 
@@ -54,7 +54,7 @@ def test_resolved_config_round_trips(tmp_path):
     (GOOD, ["nope.lr=1"], "override 'nope': unknown section"),
     (GOOD, ["optim.lr"], "is not key=value"),
     (GOOD, ["optim.lr=0"], "key 'optim.lr' must be > 0"),
-    (GOOD, ["optim.schedule=step"], "key 'optim.schedule' must be one of"),
+    (GOOD, ["optim.schedule=step"], "override 'optim.schedule' must be one of"),
     (GOOD, ["optim.warmup_ratio=1"], "key 'optim.warmup_ratio'"),
     (GOOD, ["data.dev=dev.jsonl"], "key 'data.retriever' is required"),
     ("run: {out_dir: x}\nmodel: {path: m}\n", [], "key 'data.train' is required"),
@@ -70,7 +70,7 @@ def test_validation_errors_name_the_file_and_key(tmp_path, text, overrides, need
 
 @pytest.mark.parametrize("overrides, needle", [
     ([], "key 'kd.teacher' is required"),
-    (["kd.teacher=t", "kd.loss=kl"], "key 'kd.loss' must be one of"),
+    (["kd.teacher=t", "kd.loss=kl"], "override 'kd.loss' must be one of"),
     (["kd.teacher=t", "kd.jsd_beta=1"], "key 'kd.jsd_beta'"),
     (["kd.teacher=t", "kd.on_policy=0.5", "kd.loss=seqkd"], "needs a soft-target loss"),
     (["kd.teacher=t", "kd.temperature=0"], "key 'kd.temperature'"),
@@ -81,7 +81,7 @@ def test_kd_validation(tmp_path, overrides, needle):
 
 
 def test_shipped_configs_are_valid():
-    from dgpo_edge.train.rl_config import load_rl_config
+    from dgpo_edge.train.rl.config import load_rl_config
 
     stages = {"sft": SFTConfig, "kd": KDConfig}
     names = sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("accelerate-"))
@@ -152,7 +152,7 @@ def test_non_finite_numbers_are_refused(tmp_path, text, overrides, key):
     ("rollout.top_p=nan", "rollout.top_p"),
 ])
 def test_rl_non_finite_numbers_are_refused(tmp_path, override, key):
-    from dgpo_edge.train.rl_config import load_rl_config
+    from dgpo_edge.train.rl.config import load_rl_config
 
     path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
     load_rl_config("dgpo", path, ["rollout.prompts_per_step=256"])   # the base is valid

@@ -22,7 +22,7 @@ CAPITALS = [("Avalon", "Brightwater"), ("Borduria", "Szohod"), ("Carpania", "Lut
 
 def smol_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2's tokenizer from the packaged GGUF, saved in transformers format (read once)."""
-    from dgpo_edge.train.sft import load_tokenizer
+    from dgpo_edge.train.models import load_tokenizer
 
     try:
         from dgpo_edge.train.models import smollm2_gguf

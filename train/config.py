@@ -13,7 +13,6 @@ run records exactly what produced it.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import types
 import typing
@@ -22,9 +21,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dgpo_edge.errors import InputError
+from dgpo_edge.protocol import ProtocolConfig
 
-PKG_SCHEME = "pkg://"
+from .decoding import DecoderChoice
 
+# Choices shared by several stages: a field typed with one of these is checked by the loader.
+Precision = Literal["auto", "bf16", "fp32"]
+Schedule = Literal["cosine", "linear", "constant"]
 
 # --- sections -------------------------------------------------------------------
 
@@ -35,7 +38,7 @@ class RunSection:
     out_dir: str = ""            # run directory: config, checkpoints/{last,best}, metrics.csv, tb/
     seed: int = 0                # seeds model init (random_init), data order and sampling
     resume: bool = True          # continue from out_dir/checkpoints/last when it exists
-    precision: str = "auto"      # auto (bf16 on a GPU that has it, else fp32) | bf16 | fp32
+    precision: Precision = "auto"  # auto (bf16 on a GPU that has it, else fp32) | bf16 | fp32
 
 
 @dataclass
@@ -71,7 +74,7 @@ class OptimSection:
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
-    schedule: str = "cosine"     # cosine | linear | constant (after warmup)
+    schedule: Schedule = "cosine"  # cosine | linear | constant (after warmup)
     warmup_ratio: float = 0.1    # share of all steps spent warming up linearly from 0
     epochs: float = 1.0          # used when max_steps is 0
     max_steps: int = 0           # optimizer steps; 0 = derived from epochs
@@ -87,8 +90,7 @@ class EvalSection:
     every: int = 0               # optimizer steps between evaluations; 0 = only at the end
     at_start: bool = False       # also evaluate before the first step (the "before" number)
     batch_size: int = 32         # rollouts generated together
-    max_turn_tokens: int = 500   # new tokens per turn (DGPO: 500)
-    engine: str = "auto"         # rollout decoder: auto | fast (static cache, CUDA graphs) | plain
+    engine: DecoderChoice = "auto"  # rollout decoder: auto | fast (static cache, CUDA graphs) | plain
     best_metric: str = "dev_em"  # checkpoints/best keeps the highest value of this metric
 
 
@@ -109,7 +111,7 @@ class KDSection:
     """Distillation from a frozen teacher on teacher-forced trajectories."""
 
     teacher: str = ""            # teacher model (same vocabulary as the student)
-    loss: str = "forward_kl"     # forward_kl | reverse_kl | jsd | seqkd
+    loss: Literal["forward_kl", "reverse_kl", "jsd", "seqkd"] = "forward_kl"  # forward_kl | reverse_kl | jsd | seqkd
     temperature: float = 1.0     # softens both distributions (losses are scaled by T^2)
     jsd_beta: float = 0.5        # generalized JSD interpolation, 0 < beta < 1
     on_policy: float = 0.0       # GKD: share of batches whose first turn the student samples itself
@@ -142,9 +144,12 @@ class SFTConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     log: LogSection = field(default_factory=LogSection)
     lora: LoRASection = field(default_factory=LoRASection)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)  # episode limits of dev EM
     chunk_size: int = 8192       # vocabulary columns per loss chunk; 0 = whole vocabulary
 
     stage = "sft"
+    # Keys that moved, read under their new name with a warning (the protocol limits are one section).
+    MOVED_KEYS = (("eval.max_turn_tokens", "protocol.max_turn_tokens"),)
 
 
 @dataclass
@@ -154,11 +159,6 @@ class KDConfig(SFTConfig):
     kd: KDSection = field(default_factory=KDSection)
 
     stage = "kd"
-
-
-KD_LOSSES = ("forward_kl", "reverse_kl", "jsd", "seqkd")
-SCHEDULES = ("cosine", "linear", "constant")
-PRECISIONS = ("auto", "bf16", "fp32")
 
 
 # --- loading --------------------------------------------------------------------
@@ -183,10 +183,12 @@ def load_config(cls: type, path: str | Path, overrides: list[str] = (), validato
         raise InputError(f"malformed YAML: {getattr(e, 'problem', e)}", path, line) from None
     if not isinstance(raw, dict):
         raise InputError(f"expected a mapping of sections, got {type(raw).__name__}", path)
-    config = _build(cls, raw, path, prefix="")
+    moved = dict(getattr(cls, "MOVED_KEYS", ()))
+    config = _build(cls, _move_keys(raw, moved, path), path, prefix="")
     for item in overrides:
-        apply_override(config, item, path)
+        apply_override(config, _move_override(item, moved, path), path)
     refuse_non_finite(config, path)
+    check_sections(config, path)
     (validator or validate)(config, path)
     return config
 
@@ -229,7 +231,58 @@ def apply_override(config: Any, item: str, where: Path | str) -> None:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
         value = text
-    setattr(target, leaf, _coerce(value, hints[leaf], key, where, f"override {key!r}"))
+    # object.__setattr__: a frozen section (ProtocolConfig) is checked again by check_sections
+    object.__setattr__(target, leaf, _coerce(value, hints[leaf], key, where, f"override {key!r}"))
+
+
+def check_sections(config: Any, path: Path | str, key: str = "") -> None:
+    """Run every section's own checks (`__post_init__`, as ProtocolConfig's) again after the
+    overrides, turning its ValueError into InputError."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            name = f"{key}.{f.name}" if key else f.name
+            _checked(lambda v=value: dataclasses.replace(v), name, path)
+            check_sections(value, path, name)
+
+
+def _checked(make: Any, section: str, path: Path | str) -> Any:
+    try:
+        return make()
+    except ValueError as e:
+        raise InputError(f"section {section!r}: {e}", path) from None
+
+
+def _move_keys(raw: dict, moved: dict[str, str], path: Path | str) -> dict:
+    """YAML written for an older config: each key of `moved` (old dotted key -> new) is read under
+    its new name, with a warning; setting both is an error."""
+    for old, new in moved.items():
+        section, key = old.split(".")
+        if not isinstance(raw.get(section), dict) or key not in raw[section]:
+            continue
+        value = raw[section].pop(key)
+        new_section, new_key = new.split(".")
+        target = raw.setdefault(new_section, {})
+        if isinstance(target, dict):
+            if new_key in target:
+                raise InputError(f"key {old!r} is the old name of {new!r}; set only {new!r}", path)
+            target[new_key] = value
+        _warn_moved(old, new, path)
+    return raw
+
+
+def _move_override(item: str, moved: dict[str, str], path: Path | str) -> str:
+    key, sep, text = item.partition("=")
+    if key.strip() not in moved:
+        return item
+    _warn_moved(key.strip(), moved[key.strip()], path)
+    return moved[key.strip()] + sep + text
+
+
+def _warn_moved(old: str, new: str, path: Path | str) -> None:
+    import sys
+
+    print(f"warning: {path}: key {old!r} is deprecated, use {new!r}", file=sys.stderr)
 
 
 def to_dict(config: Any) -> dict:
@@ -246,17 +299,6 @@ def write_resolved(config: Any, out_dir: Path) -> Path:
     header = f"# resolved {config.stage} config (written by dgpo-edge train {config.stage})\n"
     write_text(path, header + yaml.safe_dump(to_dict(config), sort_keys=False))
     return path
-
-
-def resolve_path(spec: str) -> str:
-    """Expand `pkg://package/file` to a file inside an installed package (without importing it)."""
-    if not spec.startswith(PKG_SCHEME):
-        return spec
-    package, _, rel = spec[len(PKG_SCHEME):].partition("/")
-    found = importlib.util.find_spec(package)
-    if found is None or not found.submodule_search_locations:
-        raise InputError(f"package {package!r} is not installed", spec)
-    return str(Path(next(iter(found.submodule_search_locations))) / rel)
 
 
 # --- building and checking -------------------------------------------------------------
@@ -277,7 +319,7 @@ def _build(cls: type, raw: dict, path: Path, prefix: str) -> Any:
             values[name] = _build(hint, value, path, key + ".")
         else:
             values[name] = _coerce(value, hint, key, path, f"key {key!r}")
-    return cls(**values)
+    return _checked(lambda: cls(**values), prefix[:-1] or "config", path)
 
 
 def _coerce(value: Any, hint: Any, key: str, path: Path | str, label: str) -> Any:
@@ -323,8 +365,6 @@ def validate(config: Any, path: Path | str) -> None:
 
     if not config.run.out_dir:
         bad("run.out_dir", "is required")
-    if config.run.precision not in PRECISIONS:
-        bad("run.precision", f"must be one of {', '.join(PRECISIONS)}")
     if not config.model.path:
         bad("model.path", "is required")
     if not config.data.train:
@@ -334,8 +374,6 @@ def validate(config: Any, path: Path | str) -> None:
     o = config.optim
     if not o.lr > 0:
         bad("optim.lr", "must be > 0")
-    if o.schedule not in SCHEDULES:
-        bad("optim.schedule", f"must be one of {', '.join(SCHEDULES)}")
     if not 0 <= o.warmup_ratio < 1:
         bad("optim.warmup_ratio", "must be in [0, 1)")
     for key, value in (("optim.batch_size", o.batch_size), ("optim.grad_accum", o.grad_accum)):
@@ -351,10 +389,8 @@ def validate(config: Any, path: Path | str) -> None:
             bad(key, "must be >= 0")
     if config.log.every < 1:
         bad("log.every", "must be >= 1")
-    if config.eval.engine not in ("auto", "fast", "plain"):
-        bad("eval.engine", "must be one of auto, fast, plain")
-    if config.eval.max_turn_tokens < 1 or config.eval.batch_size < 1:
-        bad("eval.max_turn_tokens" if config.eval.max_turn_tokens < 1 else "eval.batch_size", "must be >= 1")
+    if config.eval.batch_size < 1:
+        bad("eval.batch_size", "must be >= 1")
     if config.data.dev and not config.data.retriever:
         bad("data.retriever", "is required when data.dev is set (dev EM searches)")
     validate_lora(config.lora, bad)
@@ -380,8 +416,6 @@ def validate_lora(lora: LoRASection, bad) -> None:
 def _validate_kd(kd: KDSection, bad) -> None:
     if not kd.teacher:
         bad("kd.teacher", "is required")
-    if kd.loss not in KD_LOSSES:
-        bad("kd.loss", f"must be one of {', '.join(KD_LOSSES)}")
     if not kd.temperature > 0:
         bad("kd.temperature", "must be > 0")
     if not 0 < kd.jsd_beta < 1:

@@ -154,3 +154,9 @@ def batch_order(n_examples: int, batch_size: int, epoch: int, seed: int) -> list
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = torch.randperm(n_examples, generator=g).tolist()
     return [perm[i:i + batch_size] for i in range(0, n_examples - batch_size + 1, batch_size)] or [perm]
+
+
+def report_data(accelerator: Any, path: str, stats: Any) -> None:
+    if accelerator.is_main_process:
+        print(f"{path}: {stats.kept:,} of {stats.rows:,} trajectories ({stats.wrong_answer} wrong answer, "
+              f"{stats.too_long} too long); {stats.tokens:,} tokens, {stats.loss_tokens:,} with loss")

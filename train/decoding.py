@@ -8,7 +8,7 @@ cut right after the token that completes a stop string (`</search>`,
 
 This module holds what is independent of how the forward pass is run:
 
-- `Sampling` and `sample_next`: temperature / top-p sampling by the Gumbel-max
+- `RolloutSampling` and `sample_next`: temperature / top-p sampling by the Gumbel-max
   trick. The noise comes from one `torch.rand` call per step with a per-turn
   generator (`turn_generator`), so the plain and the fast engine draw
   identical tokens from identical logits, and a seed reproduces a run.
@@ -27,12 +27,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+#: The rollout decoders: auto (fast where the architecture allows), fast (static cache, CUDA graphs), plain.
+DecoderChoice = Literal["auto", "fast", "plain"]
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """How the next token is chosen."""
+class RolloutSampling:
+    """How the rollout decoders choose the next token: a `greedy` flag, and a temperature > 0 that
+    also scales the reported log-probs (unlike `engines.Sampling`, where temperature 0 is greedy)."""
 
     greedy: bool = False
     temperature: float = 1.0    # also scales the reported log-probs
@@ -54,7 +58,7 @@ class TurnOutput:
     finish: str   # "stop" (a stop string), "eos", or "length" (budget reached)
 
 
-def sample_next(logits: Any, sampling: Sampling, noise: Any | None = None) -> tuple[Any, Any]:
+def sample_next(logits: Any, sampling: RolloutSampling, noise: Any | None = None) -> tuple[Any, Any]:
     """(token ids [B], their log-probs [B]) from logits [B, V].
 
     `noise` is uniform(0, 1) of the logits' shape (ignored when greedy). All
@@ -175,7 +179,7 @@ def pad_id_of(tokenizer: Any) -> int:
     return 0
 
 
-def eos_ids_of(model: Any, tokenizer: Any) -> set[int]:
+def model_eos_ids(model: Any, tokenizer: Any) -> set[int]:
     """End-of-sequence ids from the tokenizer and the model's generation config."""
     ids: set[int] = set()
     cands = [getattr(tokenizer, "eos_token_id", None)]
@@ -239,7 +243,7 @@ class PlainDecoder:
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
-    def decode(self, prefixes: Sequence[Sequence[int]], max_new: Sequence[int], sampling: Sampling,
+    def decode(self, prefixes: Sequence[Sequence[int]], max_new: Sequence[int], sampling: RolloutSampling,
                generator: Any) -> list[TurnOutput]:
         import torch
 

@@ -44,7 +44,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .decoding import Sampling, StopScanner, TurnOutput, left_pad, new_noise, pad_id_of, sample_next, turn_generator
+from .decoding import (RolloutSampling, StopScanner, TurnOutput, left_pad, new_noise, pad_id_of, sample_next,
+                       turn_generator)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 #: Attention over the static cache: PyTorch's fused SDPA with grouped KV heads, or two matmuls
@@ -67,7 +68,7 @@ def fused_sampler() -> Any:
     compiled = torch.compile(sample_next, dynamic=False)
     use = [compiled]
 
-    def sample(logits: Any, sampling: Sampling, noise: Any | None = None) -> tuple[Any, Any]:
+    def sample(logits: Any, sampling: RolloutSampling, noise: Any | None = None) -> tuple[Any, Any]:
         try:
             return use[0](logits, sampling, noise)
         except Exception:  # noqa: BLE001 - compiling is an optimisation only
@@ -264,7 +265,7 @@ class FastDecoder:
         probs = torch.softmax(scores, dim=-1).to(values.dtype)
         return torch.matmul(probs, values).view(bsz, self.n_heads, 1, self.head_dim)
 
-    def _step(self, st: _State, sampling: Sampling) -> None:
+    def _step(self, st: _State, sampling: RolloutSampling) -> None:
         """One decode step on device buffers only (this is what a CUDA graph captures)."""
         m = self.model.model
         bsz = st.tok.shape[0]
@@ -303,7 +304,7 @@ class FastDecoder:
         else:
             self._lm_t.copy_(weight.detach().t())
 
-    def _runner(self, st: _State, sampling: Sampling, key: tuple) -> Any:
+    def _runner(self, st: _State, sampling: RolloutSampling, key: tuple) -> Any:
         """A callable doing one step: a replayed CUDA graph, or the eager step."""
         if not self.use_graphs:
             return lambda: self._step(st, sampling)
@@ -313,7 +314,7 @@ class FastDecoder:
             self._graphs[key] = graph
         return graph.replay
 
-    def _capture(self, st: _State, sampling: Sampling) -> Any:
+    def _capture(self, st: _State, sampling: RolloutSampling) -> Any:
         """Warm up on a side stream, then capture; buffers are reset by the caller afterwards."""
         import torch
 
@@ -336,7 +337,7 @@ class FastDecoder:
         return graph
 
     # -- the public call ----------------------------------------------------------------------
-    def decode(self, prefixes: Sequence[Sequence[int]], max_new: Sequence[int], sampling: Sampling,
+    def decode(self, prefixes: Sequence[Sequence[int]], max_new: Sequence[int], sampling: RolloutSampling,
                generator: Any) -> list[TurnOutput]:
         import torch
 

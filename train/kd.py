@@ -24,14 +24,13 @@ from dgpo_edge.errors import InputError
 from dgpo_edge.protocol import STOP_STRINGS
 
 from .config import KDConfig
-from .data import Example, collate, load_trajectories
-from .sft import load_lm, make_eval_fn, report_data
+from .data import Example, collate, load_trajectories, report_data
+from .evaluation import make_eval_fn
+from .models import load_frozen, load_lm
 
 
 def load_teacher(config: KDConfig, student: Any, device: Any, bf16: bool) -> Any:
     """The frozen teacher, on the student's device; refuses a different vocabulary."""
-    from .rl_models import load_frozen
-
     teacher, _ = load_frozen(config.kd.teacher, device, bf16)
     v_s = student.get_output_embeddings().weight.shape[0]
     v_t = teacher.get_output_embeddings().weight.shape[0]
@@ -79,13 +78,8 @@ def run_kd(config: KDConfig, on_step: Callable | None = None) -> dict:
 
     from .lora import apply_lora
     from .losses import MaskedLMLoss, teacher_targets
-    from .trainer import (
-        Trainer,
-        check_zero3,
-        make_accelerator,
-        whole_weights,
-        zero_stage,
-    )
+    from .plumbing import make_accelerator, whole_weights, zero_stage
+    from .trainer import Trainer, check_zero3
 
     accelerator = make_accelerator(config)
     check_zero3(config, zero_stage(accelerator), accelerator.num_processes)

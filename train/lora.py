@@ -54,7 +54,7 @@ def apply_lora(model: Any, section: Any) -> Any:
         param.requires_grad_("lora_" in name or (section.train_norms and _is_norm(name)))
     # Frozen embeddings give inputs without gradients; (reentrant) gradient checkpointing would then
     # drop the adapters' gradients inside checkpointed blocks. The hook makes the embeddings' output
-    # require them; it is enabled before the adapters go in (sft.py, kd.py, rl.py).
+    # require them; it is enabled before the adapters go in (sft.py, kd.py, rl/loop.py).
     if getattr(model, "is_gradient_checkpointing", False):
         model.enable_input_require_grads()
     model._dgpo_lora = section  # read back by save_weights

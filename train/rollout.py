@@ -22,6 +22,7 @@ else; `engine="auto"` picks the fast one when it can.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,9 +33,9 @@ from ..metrics import cover_exact_match, exact_match, f1_score
 from ..protocol import ProtocolConfig
 from ..retrieval.base import Retriever
 from ..transcript import Transcript, encoder_for
-from .decoding import PlainDecoder, Sampling, eos_ids_of
+from .decoding import DecoderChoice, PlainDecoder, RolloutSampling, model_eos_ids
 
-ENGINES = ("auto", "fast", "plain")
+ENGINES = typing.get_args(DecoderChoice)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class RolloutConfig:
     greedy: bool = False
     seed: int = 0
     batch_size: int = 64
-    engine: str = "auto"
+    engine: DecoderChoice = "auto"
     check_every: int = 32
     chat_template: bool = True
 
@@ -69,8 +70,8 @@ class RolloutConfig:
             raise ValueError("batch_size and check_every must be >= 1")
         self.sampling()  # validates temperature and top_p
 
-    def sampling(self) -> Sampling:
-        return Sampling(greedy=self.greedy, temperature=self.temperature, top_p=self.top_p)
+    def sampling(self) -> RolloutSampling:
+        return RolloutSampling(greedy=self.greedy, temperature=self.temperature, top_p=self.top_p)
 
 
 @dataclass
@@ -117,7 +118,7 @@ def make_engine(model: Any, tokenizer: Any, config: RolloutConfig) -> Any:
     """The decoder for `config.engine` (auto: fast when the model's architecture allows)."""
     from . import fast_decode
 
-    eos = eos_ids_of(model, tokenizer)
+    eos = model_eos_ids(model, tokenizer)
     if config.engine == "fast" or (config.engine == "auto" and fast_decode.supports(model)):
         return fast_decode.FastDecoder(model, tokenizer, protocol.STOP_STRINGS, eos,
                                        check_every=config.check_every)

@@ -51,8 +51,8 @@ def kd(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
 
 def _rl(algorithm: str, config: Path, overrides: list[str] | None) -> None:
     from ..train.models import quiet_transformers
-    from ..train.rl import run_rl
-    from ..train.rl_config import load_rl_config
+    from ..train.rl.loop import run_rl
+    from ..train.rl.config import load_rl_config
 
     quiet_transformers()
 

@@ -45,7 +45,7 @@ def tgo_command(
     from ..progress import add_stage, stage_progress
     from ..protocol import ProtocolConfig
     from ..train.rollout import ENGINES, RolloutConfig
-    from ..train.sft import open_retriever
+    from ..train.evaluation import open_retriever
     from ..train.tgo import TgoConfig, generate_teacher_trajectories
 
     if max_searches is not None:  # the old spelling still works, hidden from --help

@@ -123,12 +123,12 @@ def response_mask(attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Ten
 def shifted_response_mask(attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`response_mask` shifted one position right: the first generated token up to one past the last real one.
 
-    Position t holds the state before token t (rl_models.py), so this covers
+    Position t holds the state before token t (rl/models.py), so this covers
     every state the episode passes through: before each generated or
     observation token, plus the terminal state after the last token (value
     target 0). The reference trains its critic on exactly these positions
     (the attention mask shifted by one). A row that fills the batch's width
-    has no room for its terminal position; `rl_batch.pack` leaves one padding
+    has no room for its terminal position; `batch.pack` leaves one padding
     column so none does.
     """
     resp = response_mask(attention_mask, mask)

@@ -18,11 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .config import EvalSection, LogSection, LoRASection, ModelSection, RunSection
+from dgpo_edge.protocol import ProtocolConfig
 
-ALGORITHMS = ("ppo", "dgpo", "grpo")
-ESTIMATORS = ("k1", "k3", "reverse_full", "forward_full")
-PLACEMENTS = ("reward", "loss")
+from ..config import EvalSection, LogSection, LoRASection, ModelSection, RunSection, Schedule
+from ..decoding import DecoderChoice
+
+# The episode limits that moved from `rollout` into the `protocol` section (read with a warning).
+PROTOCOL_KEYS = ("top_k", "max_searches", "max_turn_tokens", "max_obs_tokens", "max_total_tokens")
 
 
 @dataclass
@@ -39,19 +41,14 @@ class RLDataSection:
 
 @dataclass
 class RolloutSection:
-    """How episodes are sampled each step (the protocol limits are DGPO's)."""
+    """How episodes are sampled each step (their limits: the `protocol` section)."""
 
     prompts_per_step: int = 512  # questions per step, over all processes (split across ranks)
     samples_per_prompt: int = 1  # rollouts per question (GRPO needs >= 2; PPO/DGPO use 1)
     temperature: float = 1.0
     top_p: float = 1.0
     batch_size: int = 256        # episodes decoded together
-    engine: str = "auto"         # auto | fast (static cache, CUDA graphs) | plain
-    top_k: int = 3               # passages per search
-    max_searches: int = 4
-    max_turn_tokens: int = 500
-    max_obs_tokens: int = 500
-    max_total_tokens: int = 4096
+    engine: DecoderChoice = "auto"  # auto | fast (static cache, CUDA graphs) | plain
 
 
 @dataclass
@@ -80,9 +77,11 @@ class TeacherSection:
     path: str = ""               # teacher model (same tokenizer as the student); required for dgpo
     beta: float = 0.001          # weight of the term
     threshold: float = 0.1       # rollouts scoring below this receive it (failed ones)
-    apply_to: str = "failed"     # failed | all (the "uniform KL" ablation)
-    estimator: str = "k1"        # k1 | k3 | reverse_full | forward_full (full-vocabulary KL)
-    placement: str = "reward"    # reward (subtracted from token rewards) | loss (added to the actor loss)
+    apply_to: Literal["failed", "all"] = "failed"  # failed | all (the "uniform KL" ablation)
+    # k1 | k3 (one-sample estimates) | reverse_full | forward_full (full-vocabulary KL)
+    estimator: Literal["k1", "k3", "reverse_full", "forward_full"] = "k1"
+    # reward (subtracted from token rewards) | loss (added to the actor loss)
+    placement: Literal["reward", "loss"] = "reward"
     load_in_8bit: bool = False   # load the teacher in 8 bits (needs bitsandbytes and a GPU)
 
 
@@ -95,7 +94,7 @@ class RLOptimSection:
     critic_lr: float = 1e-5
     warmup_ratio: float = 0.285  # actor warmup, share of all steps
     critic_warmup_ratio: float = 0.0
-    schedule: str = "constant"   # constant | cosine | linear (after warmup)
+    schedule: Schedule = "constant"  # constant | cosine | linear (after warmup)
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
@@ -135,11 +134,12 @@ class RLLogSection(LogSection):
 class RLConfig:
     """`dgpo-edge train ppo|dgpo|grpo`: reinforcement learning of a search agent."""
 
-    algorithm: str = "dgpo"      # set by the command; a YAML value must agree with it
+    algorithm: Literal["ppo", "dgpo", "grpo"] = "dgpo"  # set by the command; a YAML value must agree with it
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
     data: RLDataSection = field(default_factory=RLDataSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)  # episode limits: rollouts and dev EM
     ppo: PPOSection = field(default_factory=PPOSection)
     teacher: TeacherSection = field(default_factory=TeacherSection)
     critic: CriticSection = field(default_factory=CriticSection)
@@ -149,6 +149,8 @@ class RLConfig:
     collapse: CollapseSection = field(default_factory=CollapseSection)
     lora: LoRASection = field(default_factory=LoRASection)  # the actor's adapters (the critic trains fully)
     head_rows: int = 2048        # generated positions per LM-head pass: each holds [rows, vocabulary] fp32 logits
+
+    MOVED_KEYS = tuple((f"rollout.{k}", f"protocol.{k}") for k in PROTOCOL_KEYS)
 
     @property
     def stage(self) -> str:
@@ -167,30 +169,21 @@ def validate_rl(config: RLConfig, path) -> None:
     """Presence and range checks, each naming the key (InputError -> exit status 2)."""
     from dgpo_edge.errors import InputError
 
-    from .config import validate_lora
+    from ..config import validate_lora
 
     def bad(key: str, why: str) -> None:
         raise InputError(f"key {key!r} {why}", path)
 
-    def one_of(key: str, value: str, options: tuple) -> None:
-        if value not in options:
-            bad(key, f"must be one of {', '.join(options)}, got {value!r}")
-
-    one_of("algorithm", config.algorithm, ALGORITHMS)
     for key, value in (("run.out_dir", config.run.out_dir), ("model.path", config.model.path),
                        ("data.train", config.data.train), ("data.retriever", config.data.retriever)):
         if not value:
             bad(key, "is required")
-    one_of("run.precision", config.run.precision, ("auto", "bf16", "fp32"))
-    _validate_rollout(config, bad, one_of)
+    _validate_rollout(config, bad)
     validate_lora(config.lora, bad)
     _validate_ppo(config.ppo, bad)
     t = config.teacher
     if config.algorithm == "dgpo" and not t.path:
         bad("teacher.path", "is required for dgpo")
-    one_of("teacher.apply_to", t.apply_to, ("failed", "all"))
-    one_of("teacher.estimator", t.estimator, ESTIMATORS)
-    one_of("teacher.placement", t.placement, PLACEMENTS)
     if t.placement == "loss" and t.estimator not in ("k1", "k3"):
         # The loss form differentiates a per-token estimate at the current policy; the full-vocabulary
         # KLs are computed once, without gradients, at scoring time, so there is nothing to differentiate.
@@ -203,7 +196,6 @@ def validate_rl(config: RLConfig, path) -> None:
     if not 0 < t.threshold <= 1:
         bad("teacher.threshold", f"must be in (0, 1] (rollouts scoring below it get the term), got {t.threshold}")
     o = config.optim
-    one_of("optim.schedule", o.schedule, ("constant", "cosine", "linear"))
     if o.steps < 1:
         bad("optim.steps", "must be >= 1")
     for key, value in (("optim.lr", o.lr), ("optim.critic_lr", o.critic_lr)):
@@ -215,7 +207,6 @@ def validate_rl(config: RLConfig, path) -> None:
     if config.eval.every < 0 or config.log.save_every < 0 or config.log.every < 1:
         bad("eval.every" if config.eval.every < 0 else "log.save_every" if config.log.save_every < 0
             else "log.every", "is out of range (every >= 0, log.every >= 1)")
-    one_of("eval.engine", config.eval.engine, ("auto", "fast", "plain"))
     if config.head_rows < 1:
         bad("head_rows", "must be >= 1")
     c = config.collapse
@@ -225,15 +216,11 @@ def validate_rl(config: RLConfig, path) -> None:
         bad("collapse.min_best", f"must be in [0, 1] (an average exact match), got {c.min_best}")
 
 
-def _validate_rollout(config: RLConfig, bad, one_of) -> None:
+def _validate_rollout(config: RLConfig, bad) -> None:
     r = config.rollout
-    one_of("rollout.engine", r.engine, ("auto", "fast", "plain"))
-    for key in ("prompts_per_step", "samples_per_prompt", "batch_size", "max_turn_tokens", "max_obs_tokens",
-                "max_total_tokens", "top_k"):
+    for key in ("prompts_per_step", "samples_per_prompt", "batch_size"):
         if getattr(r, key) < 1:
             bad(f"rollout.{key}", "must be >= 1")
-    if r.max_searches < 0:
-        bad("rollout.max_searches", "must be >= 0")
     if not r.temperature > 0 or not 0 < r.top_p <= 1:
         bad("rollout.temperature" if not r.temperature > 0 else "rollout.top_p", "is out of range")
     if config.algorithm == "grpo" and r.samples_per_prompt < 2:
@@ -262,7 +249,7 @@ def load_rl_config(algorithm: str, path, overrides: list[str] = ()) -> RLConfig:
     """Read YAML + overrides for `train <algorithm>`; a YAML `algorithm` must match the command."""
     from dgpo_edge.errors import InputError
 
-    from .config import load_config
+    from ..config import load_config
 
     # The command has the last word; validation waits until the YAML's own value is compared.
     config = load_config(RLConfig, path, [*overrides, f"algorithm={algorithm}"], validator=lambda c, p: None)

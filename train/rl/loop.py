@@ -2,7 +2,7 @@
 
 One step:
 
-1. **rollout** - this process's share of the step's questions (`rl_batch.step_prompts`),
+1. **rollout** - this process's share of the step's questions (`batch.step_prompts`),
    `rollout.samples_per_prompt` episodes each, sampled by the student with the
    fast rollout engine (train/rollout.py; the same protocol code as the edge agent).
 2. **score** - without gradients: the log-probs of the sampled tokens under the
@@ -13,7 +13,7 @@ One step:
 3. **advantages** - token rewards (the exact-match score on the last generated
    token, minus beta * k_t on the tokens of selected rollouts), then GAE with a
    critic over `critic.value_mask`'s positions, whitened per `ppo.whiten` (ppo,
-   dgpo; both the reference's way by default, see rl_math), or group-normalised
+   dgpo; both the reference's way by default, see math.py), or group-normalised
    scores (grpo).
 4. **update** - `ppo.epochs` passes over shuffled mini-batches of `ppo.mini_batch`
    rollouts, each accumulated over micro-batches: the clipped policy loss, the
@@ -21,9 +21,9 @@ One step:
    clipped value loss for the critic; one optimizer step each per mini-batch.
 
 Processes: one, DDP, or DeepSpeed ZeRO-2 with the actor and the critic as two DeepSpeed
-engines (rl_deepspeed.py; ZeRO-3 is refused).
+engines (deepspeed.py; ZeRO-3 is refused).
 
-The math is in rl_math.py, the models in rl_models.py. Everything random is
+The math is in math.py, the models in models.py (loading: train/models.py). Everything random is
 seeded by (seed, step, process), and checkpoints/last holds the models,
 optimizers, schedulers, RNG and the loop state, so a run killed at any point
 and resumed logs the same metrics as one that never stopped (a test checks it).
@@ -42,27 +42,28 @@ from typing import Any
 import torch
 
 from dgpo_edge.errors import InputError
-from dgpo_edge.protocol import ProtocolConfig
 
-from . import rl_deepspeed, rl_math
-from .rl_batch import StepBatch, pack, step_prompts, step_seed
-from .rl_config import RLConfig
-from .rl_models import (
+from . import deepspeed as rl_deepspeed
+from . import math as rl_math
+from .batch import StepBatch, pack, step_prompts, step_seed
+from .config import RLConfig
+from .models import (
     PolicyHead,
     check_same_tokenizer,
     frozen_logps,
-    full_vocab_kl,
-    load_frozen,
+    lm_full_vocab_kl,
     make_critic,
 )
-from .rollout import RolloutConfig, generate_rollouts, make_engine
-from .trainer import (
-    _Loggers,
-    _progress,
+from ..rollout import RolloutConfig, generate_rollouts, make_engine
+from ..models import load_frozen, load_lm, load_tokenizer
+from ..plumbing import (
+    Loggers,
     lr_lambda,
     peak_memory_gb,
     prepare_run_dir,
+    progress_bar,
     write_last,
+    zero_stage,
 )
 
 RL_COLUMNS = ("step", "reward", "em", "answered", "response_length", "searches", "invalid_rate",
@@ -109,11 +110,9 @@ class RLTrainer:
     """Runs one `train ppo|dgpo|grpo` job; see the module docstring."""
 
     def __init__(self, config: RLConfig, on_step: Callable[[int, dict], None] | None = None):
-        from .trainer import zero_stage
-
         self.config = config
         self.on_step = on_step
-        # Under DeepSpeed the critic's engine has an Accelerator of its own (rl_deepspeed.py).
+        # Under DeepSpeed the critic's engine has an Accelerator of its own (deepspeed.py).
         self.acc, self.critic_acc = rl_deepspeed.make_rl_accelerators(config)
         self.deepspeed = zero_stage(self.acc) is not None
         self.out = Path(config.run.out_dir)
@@ -137,7 +136,7 @@ class RLTrainer:
     def _load_data(self) -> None:
         from dgpo_edge.datasets import read_qa
 
-        from .sft import open_retriever
+        from ..evaluation import open_retriever
 
         self.examples = read_qa(self.config.data.train, limit=self.config.data.limit)
         if not self.examples:
@@ -145,8 +144,7 @@ class RLTrainer:
         self.retriever = open_retriever(self.config.data.retriever)
 
     def _load_models(self) -> None:
-        from .lora import apply_lora
-        from .sft import load_lm, load_tokenizer
+        from ..lora import apply_lora
 
         c = self.config
         torch.manual_seed(c.run.seed)
@@ -185,9 +183,7 @@ class RLTrainer:
         # across optimizer steps, so one engine serves the whole run.
         r = c.rollout
         self.rollout_config = RolloutConfig(
-            protocol=ProtocolConfig(top_k=r.top_k, max_searches=r.max_searches, max_turn_tokens=r.max_turn_tokens,
-                                    max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens),
-            temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
+            protocol=c.protocol, temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
             chat_template=c.data.chat_template)
         self.engine = make_engine(self.lm, self.tokenizer, self.rollout_config)
 
@@ -206,7 +202,7 @@ class RLTrainer:
         self.acc.register_for_checkpointing(self.actor_sched)
 
     def _prepare_engines(self, policy: Any, actor_opt: Any, adam: Callable, schedule: Callable) -> None:
-        """DeepSpeed: the actor and the critic each prepared by its own Accelerator (rl_deepspeed.py);
+        """DeepSpeed: the actor and the critic each prepared by its own Accelerator (deepspeed.py);
         the schedulers stay on the raw AdamW, whose learning rate the engines' optimizers read."""
         o = self.config.optim
         self.policy, self.actor_opt = rl_deepspeed.prepare(self.acc, "actor", policy, actor_opt, self.config)
@@ -231,11 +227,11 @@ class RLTrainer:
         return self.acc.unwrap_model(self.policy).lm
 
     def eval_fn(self) -> Callable[[Any, int], dict] | None:
-        """Greedy dev EM with this run's own episode limits (rollout.max_searches, top_k, tokens per
-        turn, ...), so a run is evaluated on the kind of episode it trains on; None without data.dev."""
-        from .sft import make_eval_fn
+        """Greedy dev EM with this run's own episode limits (the `protocol` section its rollouts use),
+        so a run is evaluated on the kind of episode it trains on; None without data.dev."""
+        from ..evaluation import make_eval_fn
 
-        return make_eval_fn(self.config, self.tokenizer, self.rollout_config.protocol)
+        return make_eval_fn(self.config, self.tokenizer)
 
     # -- the loop --------------------------------------------------------------------------------
     def train(self) -> dict:
@@ -245,12 +241,12 @@ class RLTrainer:
             self.state = RLState(**saved)
             self.watch.load_state_dict(self.state.collapse)
         eval_fn = self.eval_fn()
-        logger = _Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
+        logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
         t_start = time.perf_counter() - self.state.elapsed_s
         if eval_fn and self.config.eval.at_start and self.state.step == 0:
             self._evaluate(eval_fn, logger)
         total = self.config.optim.steps
-        with _progress(self.acc.is_main_process and self.config.log.progress, total, self.state.step,
+        with progress_bar(self.acc.is_main_process and self.config.log.progress, total, self.state.step,
                        self.config.algorithm) as advance:
             while self.state.step < total and self.state.stopped is None:
                 row = self.step()
@@ -346,7 +342,7 @@ class RLTrainer:
                 kl[index, :width] = rl_math.teacher_kl(old_logp[index, :width], lp, t.estimator)
             else:
                 direction = t.estimator.split("_")[0]
-                kl[index, :width] = self._forward_all(lambda b: full_vocab_kl(
+                kl[index, :width] = self._forward_all(lambda b: lm_full_vocab_kl(
                     self.lm, self.teacher, b.input_ids, b.attention_mask, b.mask, direction,
                     self.config.rollout.temperature, self.config.head_rows), sub)
         return {"rows": rows, "kl_teacher": kl * batch.mask, "teacher_logp": teacher_logp}
@@ -529,7 +525,7 @@ class RLTrainer:
             self.save_last()
 
     def _evaluate(self, eval_fn: Any, logger: Any) -> None:
-        from .lora import save_checkpoint
+        from ..lora import save_checkpoint
 
         t0 = time.perf_counter()
         self.acc.wait_for_everyone()

@@ -1,6 +1,6 @@
-"""The models of an RL run: the policy's log-prob head, the critic, the teacher.
+"""The models of an RL run: the policy's log-prob head, the critic, the teacher's log-probs.
 
-Token alignment (shared with train/rl_math.py): for a sequence of ids, the
+Token alignment (shared with train/rl/math.py): for a sequence of ids, the
 value at position t belongs to token t - the log-prob of token t given the
 tokens before it, the entropy of that next-token distribution, and the
 critic's value of the state in which token t is chosen. Position 0 has none.
@@ -19,7 +19,7 @@ import torch
 
 from dgpo_edge.errors import InputError
 
-from . import rl_math
+from . import math as rl_math
 
 
 def select_hidden(hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,31 +100,6 @@ def check_same_tokenizer(student_tok: Any, teacher_tok: Any, where: str) -> None
                          f"{len(student_tok):,} tokens); DGPO needs the same tokenizer", where)
 
 
-def load_frozen(path: str, device: Any, bf16: bool, load_in_8bit: bool = False) -> tuple[Any, Any]:
-    """(model, tokenizer) with gradients off, in eval mode, bf16 on GPUs that have it."""
-    from .sft import load_lm, load_tokenizer
-
-    if load_in_8bit:
-        model, tokenizer = _load_8bit(path), load_tokenizer(path)
-    else:
-        model, tokenizer = load_lm(path)
-        model = model.to(device=device, dtype=torch.bfloat16 if bf16 else torch.float32)
-    model.requires_grad_(False)
-    return model.eval(), tokenizer
-
-
-def _load_8bit(path: str) -> Any:
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        raise InputError("teacher.load_in_8bit needs bitsandbytes (pip install bitsandbytes) and a GPU",
-                         path) from None
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    return AutoModelForCausalLM.from_pretrained(path, quantization_config=BitsAndBytesConfig(load_in_8bit=True),
-                                                device_map={"": torch.cuda.current_device()})
-
-
 @torch.no_grad()
 def frozen_logps(lm: Any, input_ids, attention_mask, mask, temperature: float = 1.0,
                  rows: int = 2048) -> torch.Tensor:
@@ -133,7 +108,7 @@ def frozen_logps(lm: Any, input_ids, attention_mask, mask, temperature: float = 
 
 
 @torch.no_grad()
-def full_vocab_kl(student: Any, teacher: Any, input_ids, attention_mask, mask, direction: str,
+def lm_full_vocab_kl(student: Any, teacher: Any, input_ids, attention_mask, mask, direction: str,
                   temperature: float = 1.0, rows: int = 2048) -> torch.Tensor:
     """Full-vocabulary KL per generated token [B, L] between the student's and the teacher's
     next-token distributions (`direction` reverse = KL(student || teacher))."""

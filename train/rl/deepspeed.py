@@ -35,7 +35,7 @@ def make_rl_accelerators(config: Any) -> tuple[Any, Any]:
     (the critic's is None without a critic), after refusing any stage but ZeRO-2 before any model loads."""
     from accelerate.utils import DeepSpeedPlugin
 
-    from .trainer import make_accelerator
+    from ..plumbing import make_accelerator
 
     if not deepspeed_launch():
         acc = make_accelerator(config)
@@ -62,13 +62,13 @@ def micro_batches(config: Any, world: int) -> tuple[int, int]:
 
 def prepare(acc: Any, name: str, model: Any, optimizer: Any, config: Any) -> tuple[Any, Any]:
     """`acc.prepare(model, optimizer)` under plugin `name`, its "auto" batch settings filled first."""
-    from .trainer import _fill_deepspeed_autos
+    from ..plumbing import fill_deepspeed_autos
 
     world = acc.num_processes
     micro, accumulate = micro_batches(config, world)
     acc.state.select_deepspeed_plugin(name)
     sizes = SimpleNamespace(batch_size=micro, grad_accum=accumulate, grad_clip=config.optim.grad_clip)
-    _fill_deepspeed_autos(acc, sizes, world)
+    fill_deepspeed_autos(acc, sizes, world)
     return acc.prepare(model, optimizer)
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .data import batch_order
-from .rollout import Rollout
+from ..data import batch_order
+from ..rollout import Rollout
 
 
 @dataclass
@@ -42,7 +42,7 @@ def pack(rollouts: Sequence[Rollout], groups: Sequence[int], pad_id: int, device
     """Right-padded tensors of `rollouts` (the first token of every row is a prompt token).
 
     Every row, the longest too, is followed by at least one padding column: the
-    critic's value there is that of the terminal state (rl_math.shifted_response_mask).
+    critic's value there is that of the terminal state (math.shifted_response_mask).
     """
     width = max(len(r.token_ids) for r in rollouts) + 1
     b = len(rollouts)
