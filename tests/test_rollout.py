@@ -300,7 +300,7 @@ def test_fast_engine_variants_equal_the_plain_engine(random_llama, smol_tok, att
     eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), check_every=4, length_bucket=16,
                       attention=attention, lm_head=lm_head, fused_sampling=fused)
     plain = PlainDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())
-    for sampling in (Sampling(greedy=True), Sampling(temperature=1.0)):
+    for sampling in (RolloutSampling(greedy=True), RolloutSampling(temperature=1.0)):
         for prefixes, new in (([[5, 6, 7], [8, 9]], 12), ([[1] * 20, [2, 3], [4]], 9)):
             got, want = (e.decode(prefixes, [new] * len(prefixes), sampling,
                                   torch.Generator(device=random_llama.device).manual_seed(7))
