@@ -264,6 +264,43 @@ def test_collapse_stop_ends_the_run(toy, tmp_path):
     assert (out / "checkpoints" / "last" / "trainer_state.json").is_file()
 
 
+@pytest.mark.parametrize("lora", [{}, {"r": 4, "train_norms": True}])
+def test_rollouts_from_the_bf16_copy_keep_the_ratio_exact(toy, tmp_path, lora):
+    # rollout.weights=bf16_copy: episodes are decoded by a bf16 copy of the actor (LoRA merged),
+    # refreshed after every optimizer step; old log-probs still come from the training weights, so
+    # with one mini-batch per step the PPO ratio is 1 (approx_kl 0, nothing clipped).
+    from dgpo_edge.train.rl.loop import RLTrainer
+
+    out = tmp_path / "copy"
+    cfg = load_rl_config("dgpo", write_rl_config(toy, out, rollout={"weights": "bf16_copy"},
+                                                 ppo={"mini_batch": 8, "micro_batch": 8},
+                                                 optim={"steps": 2, "lr": 1e-3}, lora=lora))
+    trainer = RLTrainer(cfg)
+    assert trainer.engine.model is trainer.rollout_copy.model is trainer.rollout_lm
+    summary = trainer.train()
+    assert summary["steps"] == 2
+    for r in rows(out):
+        assert abs(float(r["approx_kl"])) < 1e-5 and float(r["clip_frac"]) == 0.0
+    got = trainer.rollout_copy.model.state_dict()
+    from dgpo_edge.train.lora import is_lora, merged_state_dict
+    want = merged_state_dict(trainer.lm) if is_lora(trainer.lm) else trainer.lm.state_dict()
+    assert all(torch.equal(got[k], want[k].to(torch.bfloat16)) for k in got)   # synced after the last step
+    assert any(not torch.equal(v, load_student(toy)[k].to(torch.bfloat16)) for k, v in got.items())  # and trained
+
+
+def load_student(toy: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(toy / "student" / "model.safetensors")
+
+
+def test_rollout_weights_default_to_the_training_weights_on_cpu(toy, tmp_path):
+    from dgpo_edge.train.rl.loop import RLTrainer
+
+    trainer = RLTrainer(load_rl_config("ppo", write_rl_config(toy, tmp_path / "plain", teacher={"path": ""})))
+    assert trainer.rollout_copy is None and trainer.rollout_lm is trainer.lm
+
+
 def test_teacher_with_another_tokenizer_is_refused(toy, tmp_path):
     from transformers import AutoTokenizer
 

@@ -49,6 +49,10 @@ class RolloutSection:
     top_p: float = 1.0
     batch_size: int = 256        # episodes decoded together
     engine: DecoderChoice = "auto"  # auto | fast (static cache, CUDA graphs) | plain
+    # What the engine decodes with: a bf16 copy of the actor refreshed after every optimizer step
+    # (train/rollout_copy.py), or the training weights themselves; auto = the copy for bf16 runs on
+    # a GPU. Old log-probs are recomputed from the training weights either way.
+    weights: Literal["auto", "bf16_copy", "training"] = "auto"
 
 
 @dataclass

@@ -55,6 +55,7 @@ from .models import (
     make_critic,
 )
 from ..rollout import RolloutConfig, generate_rollouts, make_engine
+from ..rollout_copy import RolloutCopy
 from ..models import load_frozen, load_lm, load_tokenizer
 from ..plumbing import (
     Loggers,
@@ -179,13 +180,16 @@ class RLTrainer:
         actor_opt = adam([p for p in policy.parameters() if p.requires_grad], o.lr)  # LoRA: adapters only
         self.actor_sched = schedule(actor_opt, o.warmup_ratio)
         (self._prepare_engines if self.deepspeed else self._prepare_ddp)(policy, actor_opt, adam, schedule)
-        # The rollout engine reads the actor's parameters in place: its CUDA graphs stay valid
-        # across optimizer steps, so one engine serves the whole run.
+        # The rollout engine reads its model's parameters in place (the actor's, or the bf16 copy's,
+        # refreshed in place after each optimizer step): its CUDA graphs stay valid, so one engine
+        # serves the whole run.
         r = c.rollout
         self.rollout_config = RolloutConfig(
             protocol=c.protocol, temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
             chat_template=c.data.chat_template)
-        self.engine = make_engine(self.lm, self.tokenizer, self.rollout_config)
+        use_copy = r.weights == "bf16_copy" or (r.weights == "auto" and self.bf16 and self.acc.device.type == "cuda")
+        self.rollout_copy = RolloutCopy(self.lm) if use_copy else None
+        self.engine = make_engine(self.rollout_lm, self.tokenizer, self.rollout_config)
 
     def _prepare_ddp(self, policy: Any, actor_opt: Any, adam: Callable, schedule: Callable) -> None:
         """One process, or DDP: actor and critic prepared together by the one Accelerator."""
@@ -222,6 +226,15 @@ class RLTrainer:
         return {"actor": self.acc, **({"critic": self.critic_acc} if self.critic is not None else {})}
 
     @property
+    def rollout_lm(self) -> Any:
+        """The model rollouts are decoded with: the bf16 copy, or the actor itself."""
+        return self.lm if self.rollout_copy is None else self.rollout_copy.model
+
+    def _sync_rollout_copy(self) -> None:
+        if self.rollout_copy is not None:
+            self.rollout_copy.sync(self.lm)
+
+    @property
     def lm(self) -> Any:
         """The bare causal LM being trained."""
         return self.acc.unwrap_model(self.policy).lm
@@ -240,6 +253,7 @@ class RLTrainer:
         if saved is not None:
             self.state = RLState(**saved)
             self.watch.load_state_dict(self.state.collapse)
+            self._sync_rollout_copy()   # the actor's weights were just restored
         eval_fn = self.eval_fn()
         logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
         t_start = time.perf_counter() - self.state.elapsed_s
@@ -247,7 +261,7 @@ class RLTrainer:
             self._evaluate(eval_fn, logger)
         total = self.config.optim.steps
         with progress_bar(self.acc.is_main_process and self.config.log.progress, total, self.state.step,
-                       self.config.algorithm) as advance:
+                          self.config.algorithm) as advance:
             while self.state.step < total and self.state.stopped is None:
                 row = self.step()
                 self.state.step += 1
@@ -274,6 +288,7 @@ class RLTrainer:
         clock.lap("rollout")
         scored = self._score(batch, clock)
         stats = self._update(batch, scored)
+        self._sync_rollout_copy()
         clock.lap("update")
         row = self._metrics(batch, rollouts, scored, stats)
         row.update({f"time_{k}_s": round(v, 3) for k, v in clock.laps.items()})
@@ -290,7 +305,7 @@ class RLTrainer:
         chosen = [self.examples[i] for i in picks for _ in range(n)]
         groups = [i for i in picks for _ in range(n)]
         config = replace(self.rollout_config, seed=step_seed(c.run.seed, step, self.rank))
-        rollouts = generate_rollouts(self.lm, self.tokenizer, [e.question for e in chosen],
+        rollouts = generate_rollouts(self.rollout_lm, self.tokenizer, [e.question for e in chosen],
                                      [tuple(e.answers) for e in chosen], self.retriever, config, engine=self.engine)
         return pack(rollouts, groups, self.pad_id, self.acc.device), rollouts
 
