@@ -38,6 +38,25 @@ class StepBatch:
                          self.scores[index], self.groups[index])
 
 
+def by_length(index: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """`index` reordered shortest row first, so micro-batches cut from it hold rows of similar
+    length and `StepBatch.rows` trims each to little padding (the rows' results do not depend on
+    which micro-batch computes them; only the compute on padding changes)."""
+    lengths = attention_mask[index].sum(1)
+    return index[torch.argsort(lengths, stable=True)]
+
+
+def computed_positions(index: torch.Tensor, attention_mask: torch.Tensor, size: int) -> int:
+    """Positions a pass over micro-batches of `size` rows of `index`, each cut to its longest row
+    (plus the one terminal column `StepBatch.rows` keeps), computes: the cost bucketing lowers."""
+    lengths = attention_mask[index].sum(1)
+    total = 0
+    for i in range(0, len(index), size):
+        part = lengths[i:i + size]
+        total += len(part) * min(int(part.max()) + 1, attention_mask.shape[1])
+    return total
+
+
 def pack(rollouts: Sequence[Rollout], groups: Sequence[int], pad_id: int, device: Any) -> StepBatch:
     """Right-padded tensors of `rollouts` (the first token of every row is a prompt token).
 

@@ -45,7 +45,7 @@ from dgpo_edge.errors import InputError
 
 from . import deepspeed as rl_deepspeed
 from . import math as rl_math
-from .batch import StepBatch, pack, step_prompts, step_seed
+from .batch import StepBatch, by_length, pack, step_prompts, step_seed
 from .config import RLConfig
 from .models import (
     PolicyHead,
@@ -382,8 +382,10 @@ class RLTrainer:
         """fn over micro-batches of rows, reassembled into [B, L]."""
         size = self.config.ppo.micro_batch
         out = torch.zeros_like(batch.mask)
-        for i in range(0, batch.input_ids.shape[0], size):
-            index = torch.arange(i, min(i + size, batch.input_ids.shape[0]), device=batch.mask.device)
+        rows = torch.arange(batch.input_ids.shape[0], device=batch.mask.device)
+        order = by_length(rows, batch.attention_mask)   # similar lengths together: little padding
+        for i in range(0, len(order), size):
+            index = order[i:i + size]
             sub = batch.rows(index)
             with self._autocast():
                 out[index, :sub.input_ids.shape[1]] = fn(sub).float()
@@ -425,6 +427,9 @@ class RLTrainer:
         # The critic's loss is a mean over its own positions (critic.value_mask), weighted the same way.
         value_tokens = float(s["value_mask"][index].sum().clamp(min=1)) if "value_mask" in s else 1.0
         stats = {"_tokens": 0.0, "_steps": 1.0}
+        # The mini-batch's gradient is a token-weighted sum over its micro-batches, whatever rows each
+        # holds: micro-batches of similar lengths compute less padding for the same update.
+        index = by_length(index, batch.attention_mask)
         micros = [index[i:i + c.ppo.micro_batch] for i in range(0, len(index), c.ppo.micro_batch)]
         for j, micro in enumerate(micros):
             sub = batch.rows(micro)
