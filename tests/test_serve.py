@@ -209,6 +209,15 @@ def test_bad_requests_get_json_errors_never_tracebacks(live, method, path, body,
     assert needle in err["message"] and "Traceback" not in raw.decode()
 
 
+def test_a_requests_top_k_is_ignored_and_temperature_and_seed_are_read():
+    """OpenAI-style bodies may carry `top_k` (sampling top-k elsewhere); it must not reach the agent."""
+    from dgpo_edge.agent.openai_format import ChatRequest, parse_chat_request
+
+    body = {"messages": [{"role": "user", "content": "capital of Peru?"}], "top_k": 1, "top_p": 0.5,
+            "temperature": 0.7, "seed": 3}
+    assert parse_chat_request(body) == ChatRequest("capital of Peru?", temperature=0.7, seed=3)
+
+
 def test_searches_and_sources_in_the_extra_field_and_the_stream(index):
     from dgpo_edge.retrieval.retrievers import open_index
 
