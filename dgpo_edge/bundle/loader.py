@@ -1,6 +1,7 @@
 """`load_agent`: one call that turns a bundle, or a model and an index, into a ready Agent.
 
-Used by `dgpo-edge ask`, `eval` and `chat`. What it loads:
+Used by `dgpo-edge ask`, `eval` and `chat`; `load_pool` loads N of them on one retriever for
+`dgpo-edge serve`. What it loads:
 
 | given | model | index |
 |---|---|---|
@@ -105,6 +106,24 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
                   "top_k": config.top_k, "max_searches": config.max_searches, "threads": engine.threads,
                   "n_ctx": engine.n_ctx, "gpu_layers": offload.get("n_gpu_layers", 0)}
     return agent
+
+
+def load_pool(engines: int = 1, max_waiting: int = 8, **load_kwargs: Any) -> Any:
+    """An `AgentPool` of `engines` agents for what `load_agent(**load_kwargs)` loads: one
+    retriever, N engines of the same model, each with its own KV cache."""
+    from ..agent.pool import AgentPool
+    from ..engines import open_engine
+
+    if engines < 1:   # before a model loads
+        raise ValueError(f"engines must be >= 1, got {engines}")
+    first = load_agent(**load_kwargs)
+    offload = {"n_gpu_layers": first.info["gpu_layers"]} if first.info.get("gpu_layers") else {}
+
+    def another_engine() -> Any:
+        return open_engine(first.info["model"], n_ctx=first.engine.n_ctx, threads=load_kwargs.get("threads"),
+                           **offload)
+
+    return AgentPool.around(first, another_engine, engines, max_waiting)
 
 
 def gpu_options(model_path: Path, gpu_layers: int | None, b: Bundle | None) -> dict[str, Any]:

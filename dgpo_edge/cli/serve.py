@@ -40,7 +40,7 @@ def serve(
     at http://127.0.0.1:8080/v1 (any API key).
     """
     from ..agent.http_app import ServeLimits, listen, make_app, make_server
-    from ..agent.pool import AgentPool
+    from ..bundle import load_pool
     from ..retrieval.http_checks import is_loopback
 
     if timeout <= 0:
@@ -53,8 +53,9 @@ def serve(
     local = host == "localhost" or is_loopback(host)
     sock = listen(host, port)
     try:
-        pool = AgentPool.load(engines, queue, bundle=bundle, model=model, index=index, threads=threads,
-                              top_k=top_k, max_searches=max_searches_of(max_searches, old_max_turns), timeout_s=timeout, gpu_layers=gpu_layers)
+        pool = load_pool(engines, queue, bundle=bundle, model=model, index=index, threads=threads, top_k=top_k,
+                         max_searches=max_searches_of(max_searches, old_max_turns), timeout_s=timeout,
+                         gpu_layers=gpu_layers)
         try:
             app = make_app(pool, model_name, ServeLimits(timeout=timeout), local_only=local)
             url = f"http://{host}:{sock.getsockname()[1]}/v1"
