@@ -53,7 +53,8 @@ _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 @dataclass(frozen=True)
 class ProtocolConfig:
-    """Episode limits. Defaults are DGPO's (`max_turns=4`, `topk=3`, 500/500/4096)."""
+    """Episode limits. Defaults are DGPO's (its `topk=3`, and `max_turns=4`, which counts the
+    searches, as `max_searches` does here; 500/500/4096 tokens)."""
 
     top_k: int = 3                 # passages per search
     max_searches: int = 4          # search turns before the final, search-free turn

@@ -41,10 +41,6 @@ ALLOWED = {
     "export": LAPTOP_BELOW_BUNDLE | {"bundle", "train"},
     "cli": set(SUBPACKAGE_ROOMS) | {"core"},
 }
-# Known imports against ALLOWED (docs/architecture.md, "Not yet"), each a debt to pay, not a rule:
-# `AgentPool.load` (the pool behind `dgpo-edge serve`) calls `bundle.load_agent` from inside the agent
-# room, though bundle imports agent. Moving that loader up to bundle or the serve command ends it.
-KNOWN_UPWARD_IMPORTS = {"dgpo_edge.agent.pool": ("dgpo_edge.bundle",)}
 # Export reads checkpoints, not trainers: the one training module it may import is the model
 # loader (`load_checkpoint`, `check_replaceable` in train/models.py, where all loading lives).
 EXPORT_MAY_IMPORT_FROM_TRAIN = {"dgpo_edge.train.models"}
@@ -234,8 +230,7 @@ def test_training_commands_are_named_right():
 @pytest.mark.parametrize("room", sorted(ALLOWED))
 def test_imports_between_rooms_point_down(room):
     bad = [f"{i.where()} ({room_of(i.target)})" for i in ALL if room_of(i.module) == room
-           and room_of(i.target) not in (None, room, *ALLOWED[room])
-           and not within(i.target, KNOWN_UPWARD_IMPORTS.get(i.module, ()))]
+           and room_of(i.target) not in (None, room, *ALLOWED[room])]
     assert bad == [], f"{room} may import only {sorted(ALLOWED[room])}:\n" + "\n".join(bad)
 
 

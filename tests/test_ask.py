@@ -75,17 +75,19 @@ def test_ask_json(script, index_dir: Path):
 def test_ask_without_an_answer_exits_1(script, index_dir: Path):
     turns, model = script
     turns += ["<search> Peru </search>"] * 3
-    r = invoke("ask", "q", "--model", model, "--index", index_dir, "--max-turns", "1", "--json")
+    r = invoke("ask", "q", "--model", model, "--index", index_dir, "--max-searches", "1", "--json")
     assert r.exit_code == 1
     obj = json.loads(r.stdout)
     assert obj["answer"] is None and obj["stop_reason"] == "max_turns" and obj["failure"].startswith("max_turns")
-    r = invoke("ask", "q", "--model", model, "--index", index_dir, "--max-turns", "0")
+    assert obj["agent"]["max_searches"] == 1 and obj["turns"] == 2     # one search, then the answer turn
+    r = invoke("ask", "q", "--model", model, "--index", index_dir, "--max-turns", "0")   # the old spelling
     assert r.exit_code == 1 and "No answer (max_turns" in r.flat
 
 
 @pytest.mark.parametrize("args,needle", [
     (["", "--index", "IDX"], "the question is empty"),
     (["q", "--index", "IDX", "--top-k", "0"], "--top-k must be >= 1"),
+    (["q", "--index", "IDX", "--max-searches", "-1"], "--max-searches must be >= 0"),
     (["q", "--index", "IDX", "--timeout", "0"], "--timeout must be > 0"),
     (["q", "--bundle", "NOPE"], "no such bundle folder"),
     (["q", "--index", "NOPE"], "no such index folder"),
@@ -106,7 +108,7 @@ def test_ask_real_smollm2(index_dir: Path):
     """The untrained base model through llama.cpp: whatever it answers, the run is well-formed."""
     gguf = smollm2_gguf()
     r = invoke("ask", "What is the capital of Peru?", "--model", gguf, "--index", index_dir, "--json",
-               "--threads", "1", "--max-turns", "1")
+               "--threads", "1", "--max-searches", "1")
     assert r.exit_code in (0, 1), r.output
     obj = json.loads(r.stdout)
     assert obj["agent"]["engine"] == "llama.cpp" and obj["timings"]["new_tokens"] > 0

@@ -50,7 +50,7 @@ def test_build_bundle_layout_and_manifest(tmp_path: Path, hf_model: Path, index_
     assert m["index"]["kind"] == "flat" and m["index"]["count"] == 12
     assert m["encoder"]["format"] == "minilm-int8-onnx"
     assert m["protocol"] == {"template": "search-r1", "prompt_template": PROMPT_TEMPLATE, "top_k": 5,
-                             "max_turns": 2, "max_turn_tokens": 300, "max_obs_tokens": 500,
+                             "max_searches": 2, "max_turn_tokens": 300, "max_obs_tokens": 500,
                              "max_total_tokens": 4096, "stop": ["</search>", "</answer>"]}
     assert {"dgpo-edge", "python"} <= set(m["versions"])
     files = set(m["files"])
@@ -105,6 +105,19 @@ def test_bundle_cli_info_and_verify(tmp_path: Path, hf_model: Path, index_dir: P
     assert "top1_agreement" in r.flat
     r = invoke("bundle", "info", b.path, "--json")
     assert json.loads(r.stdout)["index"]["count"] == 12
+
+
+def test_a_bundle_written_with_the_old_max_turns_key_still_loads(tmp_path: Path, hf_model: Path, index_dir: Path):
+    """Bundles made before the rename hold `protocol.max_turns`; they open with the same limits."""
+    b = build_bundle(hf_model, index_dir, tmp_path / "B", config=ProtocolConfig(max_searches=2))
+    manifest = json.loads((b.path / MANIFEST).read_text())
+    manifest["protocol"]["max_turns"] = manifest["protocol"].pop("max_searches")
+    (b.path / MANIFEST).write_text(json.dumps(manifest))
+    old = open_bundle(b.path)
+    assert "max_searches" not in old.manifest["protocol"]
+    assert old.protocol() == ProtocolConfig(max_searches=2) and old.protocol(max_searches=0).max_searches == 0
+    r = invoke("bundle", "info", b.path)
+    assert r.exit_code == 0 and "max searches 2" in r.flat, r.output
 
 
 def test_bundle_verify_json(tmp_path: Path, hf_model: Path, index_dir: Path):
@@ -187,10 +200,14 @@ def test_export_bundle_command(tmp_path: Path, hf_model: Path, index_dir: Path):
     app = typer.Typer()
     app.command()(bundle_command)
     r = CliRunner().invoke(app, ["--model", str(hf_model), "--index", str(index_dir), "--out", str(tmp_path / "B"),
-                                 "--top-k", "2", "--max-turns", "3"])
+                                 "--top-k", "2", "--max-searches", "3"])
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "B" / MANIFEST).read_text())
-    assert m["protocol"]["top_k"] == 2 and m["protocol"]["max_turns"] == 3
+    assert m["protocol"]["top_k"] == 2 and m["protocol"]["max_searches"] == 3
+    r = CliRunner().invoke(app, ["--model", str(hf_model), "--index", str(index_dir), "--out", str(tmp_path / "B"),
+                                 "--max-turns", "1", "--overwrite"])   # the old spelling, hidden, still works
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "B" / MANIFEST).read_text())["protocol"]["max_searches"] == 1
     r = CliRunner().invoke(app, ["--model", str(tmp_path / "missing"), "--index", str(index_dir), "--out",
                                  str(tmp_path / "C")])
     assert r.exit_code == 2 and "no such model" in r.output
@@ -204,7 +221,10 @@ def test_export_bundle_is_registered():
 
 def test_protocol_config_from_manifest():
     assert protocol_config(None) == ProtocolConfig()
-    assert protocol_config({"top_k": 5, "max_turns": 1}, max_turns=3) == ProtocolConfig(top_k=5, max_searches=3)
+    assert protocol_config({"top_k": 5, "max_searches": 1}, max_searches=3) == ProtocolConfig(top_k=5, max_searches=3)
+    assert protocol_config({"max_searches": 1}) == ProtocolConfig(max_searches=1)
+    assert protocol_config({"max_turns": 2}) == ProtocolConfig(max_searches=2)   # older bundles' key
+    assert protocol_config({"max_searches": 1, "max_turns": 2}).max_searches == 1
     with pytest.raises(InputError):
         protocol_config({"top_k": 0})
 
@@ -253,7 +273,7 @@ def test_bundle_info_before_the_default_bundle_exists(cache: Path):
 
 def test_load_agent_from_default_bundle_and_from_an_index(cache: Path, index_dir: Path):
     smollm2_gguf()
-    with load_agent(progress=False, top_k=2, max_turns=1, threads=1) as agent:
+    with load_agent(progress=False, top_k=2, max_searches=1, threads=1) as agent:
         assert agent.config.top_k == 2 and agent.config.max_searches == 1
         assert agent.info["bundle"] == str(default_bundle_dir()) and agent.info["engine"] == "llama.cpp"
         assert agent.engine.n_ctx == 4096

@@ -447,7 +447,7 @@ async def test_a_history_file_damaged_while_the_app_runs_is_shown_not_raised(ret
 
 
 @asynchronous
-async def test_settings_change_top_k_and_max_turns(retriever, chats):
+async def test_settings_change_top_k_and_max_searches(retriever, chats):
     agent = scripted_agent(retriever, PERU_TURNS)
     app = make_app(agent, chats)
     async with app.run_test(size=(100, 40)) as pilot:
@@ -462,14 +462,15 @@ async def test_settings_change_top_k_and_max_turns(retriever, chats):
         assert isinstance(app.screen, SettingsScreen)
         assert "top-k" in str(app.screen.query_one("#settings-error").render())
         top_k.value = "1"
-        app.screen.query_one("#max-turns", Input).value = "1"
+        app.screen.query_one("#max-searches", Input).value = "1"
         # A Button ignores clicks during its 0.2 s "pressed" effect; the second click waits it out.
         save = app.screen.query_one("#save", Button)
         await until(pilot, lambda: not save.has_class("-active"))
         await pilot.click("#save")
         await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
-        assert app.settings == Settings(top_k=1, max_turns=1)
-        assert "top-k 1" in str(app.query_one("#status").render())
+        assert app.settings == Settings(top_k=1, max_searches=1)
+        status = str(app.query_one("#status").render())
+        assert "top-k 1" in status and "/2 │" in status   # one search, then the answer turn
         await ask(pilot, PERU_QUESTION)
         assert (agent.config.top_k, agent.config.max_searches) == (1, 1)
         x = exchange_views(app)[0].exchange
@@ -483,7 +484,7 @@ async def test_settings_change_top_k_and_max_turns(retriever, chats):
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, SettingsScreen)
-        assert app.settings == Settings(top_k=1, max_turns=1)
+        assert app.settings == Settings(top_k=1, max_searches=1)
 
 
 @asynchronous
@@ -569,7 +570,7 @@ def test_snapshot_answered_question(retriever, chats, snap_compare):
 
 
 def test_snapshot_settings(retriever, chats, snap_compare):
-    app = make_app(scripted_agent(retriever, PERU_TURNS), chats, settings=Settings(top_k=5, max_turns=2))
+    app = make_app(scripted_agent(retriever, PERU_TURNS), chats, settings=Settings(top_k=5, max_searches=2))
 
     async def run_before(pilot) -> None:
         await pilot.app.workers.wait_for_complete()

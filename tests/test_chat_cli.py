@@ -14,7 +14,7 @@ from cli_helpers import assert_one_line_error, invoke
 def test_help_lists_the_options():
     result = invoke("chat", "--help")
     assert result.exit_code == 0, result.output
-    for word in ("--bundle", "--model", "--index", "--top-k", "--max-turns", "--threads", "--history"):
+    for word in ("--bundle", "--model", "--index", "--top-k", "--max-searches", "--threads", "--history"):
         assert word in result.plain
 
 

@@ -98,5 +98,5 @@ def test_status_line():
     from dgpo_edge.apps.chat.widgets import Status, status_line
 
     assert status_line(Status()) == "loading the model… │ turn –/5 │ – tok/s │ retrieval – ms │ top-k 3"
-    s = Status("generating…", turn=1, max_turns=5, tokens_per_s=12.345, retrieval_ms=3.6, top_k=4)
+    s = Status("generating…", turn=1, turn_limit=5, tokens_per_s=12.345, retrieval_ms=3.6, top_k=4)
     assert status_line(s) == "generating… │ turn 2/5 │ 12.3 tok/s │ retrieval 4 ms │ top-k 4"

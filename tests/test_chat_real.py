@@ -94,7 +94,7 @@ async def test_real_model_answers_or_fails_in_the_app(engine, bm25_index, checkp
     from dgpo_edge.apps.chat.storage import ChatStore
     from dgpo_edge.cli.chat import build_app
 
-    app = build_app(model=model, index=bm25_index, top_k=2, max_turns=0, threads=2,
+    app = build_app(model=model, index=bm25_index, top_k=2, max_searches=0, threads=2,
                     history=tmp_path / "chats.sqlite")
     agent = app.agent_factory()
     assert agent.engine.name == engine

@@ -41,7 +41,7 @@ def visible_options(cmd: Any) -> dict[str, Any]:
 
 # The commands that take each shared option: same spelling (and short form) everywhere.
 TOP_K = {"ask", "eval", "chat", "serve", "index search", "index serve", "export bundle", "train tgo"}
-MAX_TURNS = {"ask", "eval", "chat", "serve", "export bundle", "train tgo"}
+MAX_SEARCHES = {"ask", "eval", "chat", "serve", "export bundle", "train tgo"}
 GPU_LAYERS = {"ask", "eval", "chat", "serve", "export bundle"}
 JSON = {"ask", "eval", "index search", "index info", "index update", "bundle info", "bundle verify", "data inspect",
         "export gguf", "export onnx"}
@@ -54,17 +54,17 @@ def test_the_walk_finds_every_command():
 @pytest.mark.parametrize("path", sorted(COMMANDS))
 def test_option_names(path):
     opts = visible_options(COMMANDS[path])
-    assert not {"--topk", "--max-searches", "--k"} & set(opts), (path, sorted(opts))
+    assert not {"--topk", "--max-turns", "--k"} & set(opts), (path, sorted(opts))
     assert ("--top-k" in opts) == (path in TOP_K), path
     if path in TOP_K:
         assert opts["--top-k"].opts == ["--top-k", "-k"], opts["--top-k"].opts
     if "-k" in opts:
         assert opts["-k"].name in ("top_k", "k", "topk"), path
-    assert ("--max-turns" in opts) == (path in MAX_TURNS), path
+    assert ("--max-searches" in opts) == (path in MAX_SEARCHES), path
     assert ("--gpu-layers" in opts) == (path in GPU_LAYERS), path
     assert ("--json" in opts) == (path in JSON), path
-    if path in MAX_TURNS:
-        assert "final" in (opts["--max-turns"].help or ""), "the help says what a turn counts"
+    if path in MAX_SEARCHES:
+        assert "final" in (opts["--max-searches"].help or ""), "the help says the answer turn comes on top"
 
 
 @pytest.mark.parametrize("path", sorted(COMMANDS))
@@ -85,11 +85,23 @@ def test_deprecated_spellings_still_parse_but_are_hidden():
     serve = COMMANDS["index serve"]
     ctx = serve.make_context("serve", ["idx", "--topk", "5"])
     assert ctx.params["old_topk"] == 5
-    tgo = COMMANDS["train tgo"]
-    ctx = tgo.make_context("tgo", ["--teacher", "t", "--data", "d", "--index", "i", "--out", "o",
-                                   "--max-searches", "2"])
-    assert ctx.params["max_searches"] == 2
     assert "--topk" not in invoke("index", "serve", "-h").plain
+
+
+REQUIRED = {"ask": ["q"], "eval": ["--data", "d"], "export bundle": ["--model", "m", "--index", "i", "--out", "o"],
+            "train tgo": ["--teacher", "t", "--data", "d", "--index", "i", "--out", "o"]}
+
+
+@pytest.mark.parametrize("path", sorted(MAX_SEARCHES))
+def test_the_old_max_turns_still_parses_but_is_hidden(path):
+    """`--max-turns` was the name of `--max-searches`; scripts that use it keep working."""
+    from dgpo_edge.cli.common import max_searches_of
+
+    args = [*REQUIRED.get(path, []), "--max-turns", "2"]
+    ctx = COMMANDS[path].make_context(path, args)
+    assert ctx.params["old_max_turns"] == 2
+    assert max_searches_of(ctx.params["max_searches"], ctx.params["old_max_turns"]) == 2
+    assert "--max-turns" not in invoke(*path.split(), "-h").plain
 
 
 def test_bundle_info_json_before_the_default_bundle_exists(tmp_path, monkeypatch):

@@ -174,12 +174,14 @@ def test_greedy_and_seeded_sampling():
     a = e.generate([1], 30, s).result.text
     b = LogitEngine().generate([1], 30, s).result.text
     assert a == b and len(set(a)) > 1
-    assert set(e.generate([1], 40, Sampling(temperature=1.0, top_k=2, seed=1)).result.text) <= {"a", "b"}
+    assert set(e.generate([1], 40, Sampling(temperature=1.0, top_k_tokens=2, seed=1)).result.text) <= {"a", "b"}
     assert set(e.generate([1], 40, Sampling(temperature=1.0, top_p=0.4, seed=1)).result.text) <= {"a", "b"}
     with pytest.raises(ValueError):
         Sampling(temperature=-1)
     with pytest.raises(ValueError):
         Sampling(top_p=0)
+    with pytest.raises(ValueError, match="top_k_tokens"):
+        Sampling(top_k_tokens=-1)
 
 
 def test_model_kind(tmp_path: Path):

@@ -110,6 +110,13 @@ def test_eval_resume_runs_only_missing_questions(engine_script, index_dir: Path,
     # a larger --limit or another data file is not a change of settings; --top-k is
     r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out, "--limit", "3")
     assert r.exit_code == 0 and agent_engine_calls[-1] == 2
+    # a run.json from before the rename (`max_turns` for the search budget) is the same settings
+    run = json.loads((out / "run.json").read_text())
+    run = {("max_turns" if k == "max_searches" else k): v for k, v in run.items()}
+    (out / "run.json").write_text(json.dumps(run))
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "run.json").read_text())["max_searches"] == 4
     r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out, "--top-k", "1")
     assert_one_line_error(r, "other settings", "--overwrite")
     turns[:] = SCRIPT
@@ -228,7 +235,7 @@ def test_eval_real_smollm2(index_dir: Path, tmp_path: Path):
     gguf = smollm2_gguf()
     data = write_questions(tmp_path / "fbqa.jsonl", n=2)
     r = invoke("eval", "--data", data, "--model", gguf, "--index", index_dir, "--out", tmp_path / "out",
-               "--threads", "1", "--max-turns", "1", "--arc")
+               "--threads", "1", "--max-searches", "1", "--arc")
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["n"] == 2 and "source_ref_em" in report["scores"]["columns"]

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from bundle_helpers import build_tiny_index, smollm2_gguf, write_corpus
-from engine_fakes import ScriptedEngine
+from engine_fakes import ListRetriever, ScriptedEngine
 
 from dgpo_edge.agent import Agent
 from dgpo_edge.protocol import ProtocolConfig
@@ -27,6 +27,7 @@ pytest.importorskip("uvicorn")
 
 from dgpo_edge.agent.http_app import ServeLimits, listen, make_app, make_server  # noqa: E402
 from dgpo_edge.agent.pool import AgentPool, Busy  # noqa: E402
+from dgpo_edge.bundle import load_pool  # noqa: E402
 
 QUICK = ProtocolConfig(top_k=2, max_searches=1, max_turn_tokens=48)  # short turns: the base model rambles
 
@@ -72,7 +73,7 @@ def index(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def live(index):
-    pool = AgentPool.load(2, 1, model=smollm2_gguf(), index=index, threads=1, progress=False, timeout_s=120)
+    pool = load_pool(2, 1, model=smollm2_gguf(), index=index, threads=1, progress=False, timeout_s=120)
     for agent in pool.agents:
         agent.config = QUICK
     server = LiveServer(pool, model_name="tiny-agent")
@@ -207,6 +208,44 @@ def test_bad_requests_get_json_errors_never_tracebacks(live, method, path, body,
     assert got == status and hdrs["content-type"] == "application/json"
     err = json.loads(raw)["error"]
     assert needle in err["message"] and "Traceback" not in raw.decode()
+
+
+class ClosingEngine(ScriptedEngine):
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_pool_grows_around_one_agent_and_closes_it_when_the_next_engine_fails():
+    """`AgentPool.around` is how `load_pool` (bundle) builds serve's pool: the agent room loads nothing."""
+    retriever, first = ListRetriever([]), ClosingEngine([])
+    agent = Agent(first, retriever, QUICK, timeout_s=5)
+    agent.info = {"model": "m"}
+    pool = AgentPool.around(agent, lambda: ClosingEngine([]), engines=3, max_waiting=2)
+    assert len(pool.agents) == 3 and pool.agents[0] is agent and pool.max_waiting == 2
+    assert len({id(a.engine) for a in pool.agents}) == 3 and {a.retriever for a in pool.agents} == {retriever}
+    assert all(a.config == QUICK and a.timeout_s == 5 and a.info == {"model": "m"} for a in pool.agents)
+
+    opened = []
+
+    def second_fails() -> ClosingEngine:
+        if opened:
+            raise RuntimeError("out of memory")
+        opened.append(ClosingEngine([]))
+        return opened[0]
+
+    first = ClosingEngine([])
+    with pytest.raises(RuntimeError, match="out of memory"):
+        AgentPool.around(Agent(first, retriever, QUICK), second_fails, engines=3)
+    assert getattr(first, "closed", False) and getattr(opened[0], "closed", False)   # nothing left open
+
+
+def test_a_requests_top_k_is_ignored_and_temperature_and_seed_are_read():
+    """OpenAI-style bodies may carry `top_k` (sampling top-k elsewhere); it must not reach the agent."""
+    from dgpo_edge.agent.openai_format import ChatRequest, parse_chat_request
+
+    body = {"messages": [{"role": "user", "content": "capital of Peru?"}], "top_k": 1, "top_p": 0.5,
+            "temperature": 0.7, "seed": 3}
+    assert parse_chat_request(body) == ChatRequest("capital of Peru?", temperature=0.7, seed=3)
 
 
 def test_searches_and_sources_in_the_extra_field_and_the_stream(index):

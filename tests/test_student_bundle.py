@@ -61,7 +61,7 @@ def test_default_bundle_serves_the_student(student: Path):
     assert m["index"]["kind"] == "bm25" and m["encoder"] is None
     tag = json.loads((student / "student.json").read_text())["adapter"]["adapter_model.safetensors"][:12]
     assert m["model"]["path"] == f"model/tiny-{tag}-q8_0.gguf" and m["source"]["model"].startswith("student tiny")
-    assert m["protocol"]["top_k"] == 2 and m["protocol"]["max_turns"] == 3 and m["protocol"]["max_turn_tokens"] == 128
+    assert m["protocol"]["top_k"] == 2 and m["protocol"]["max_searches"] == 3 and m["protocol"]["max_turn_tokens"] == 128
     reader = gguf.GGUFReader(str(b.model_path))
     assert reader.fields["llama.block_count"].contents() == 2
     verify(b.path)
@@ -120,5 +120,5 @@ def test_an_index_alone_runs_the_student_with_its_limits(student: Path, tmp_path
     assert r.exit_code in (0, 1), r.output
     agent = json.loads(r.stdout)["agent"]
     assert "tiny-" in agent["model"] and agent["model_from"] == "default model"
-    assert agent["top_k"] == 2 and agent["max_turns"] == 3                # the student's limits
+    assert agent["top_k"] == 2 and agent["max_searches"] == 3                # the student's limits
     assert not (tmp_path / "cache" / "dgpo-edge" / "default-bundle").exists()  # no bundle built

@@ -55,7 +55,7 @@ class ChatApp(App[None]):
         self.settings = settings or Settings()
         self.agent: Any = None
         self.chat_id: int | None = None
-        self.status = Status(top_k=self.settings.top_k, max_turns=self.settings.max_turns + 1)
+        self.status = Status(top_k=self.settings.top_k, turn_limit=self.settings.turn_limit)
         self._stop: threading.Event | None = None   # set while a run is in flight
         self._recorder: Recorder | None = None
         self._view: ExchangeView | None = None
@@ -116,7 +116,7 @@ class ChatApp(App[None]):
         self._stop = threading.Event()
         self.refresh_bindings()
         self.status = Status(state="generating…", top_k=self.settings.top_k,
-                             max_turns=self.settings.max_turns + 1)
+                             turn_limit=self.settings.turn_limit)
         self._show_status()
         self._generate(question, self._stop, self.settings)
 
@@ -126,7 +126,7 @@ class ChatApp(App[None]):
         agent = self.agent
         try:
             agent.config = dataclasses.replace(agent.config, top_k=settings.top_k,
-                                               max_searches=settings.max_turns)
+                                               max_searches=settings.max_searches)
             for event in agent.run(question, stop=stop):
                 self.post_message(msg.message_for(event))
         except Exception as e:
@@ -264,7 +264,7 @@ class ChatApp(App[None]):
             return
         self.settings = settings
         if not self.generating:
-            self.status.top_k, self.status.max_turns = settings.top_k, settings.max_turns + 1
+            self.status.top_k, self.status.turn_limit = settings.top_k, settings.turn_limit
             self._show_status()
 
     # --- status ------------------------------------------------------------------------
@@ -272,7 +272,7 @@ class ChatApp(App[None]):
     def _set_state(self, state: str) -> None:
         self.status.state = state
         if not self.generating:
-            self.status.top_k, self.status.max_turns = self.settings.top_k, self.settings.max_turns + 1
+            self.status.top_k, self.status.turn_limit = self.settings.top_k, self.settings.turn_limit
         self._show_status()
 
     def _show_status(self) -> None:

@@ -1,4 +1,4 @@
-"""Modal screens: the list of past chats and the settings (top-k, max turns)."""
+"""Modal screens: the list of past chats and the settings (top-k, max searches)."""
 
 from __future__ import annotations
 
@@ -17,17 +17,21 @@ from textual.widgets.option_list import Option
 from .storage import HISTORY_ERRORS, ChatStore, ChatSummary
 
 MAX_TOP_K = 20
-MAX_TURNS = 16
+MAX_SEARCHES = 16
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What the settings screen edits. `max_turns` is the agent's search budget
-    (`ProtocolConfig.max_searches`, Search-R1's `max_turns`); one last answer-only
-    turn follows it."""
+    """What the settings screen edits: passages per search and the agent's search budget
+    (`ProtocolConfig.top_k`, `ProtocolConfig.max_searches`, Search-R1's `max_turns`)."""
 
     top_k: int = 3
-    max_turns: int = 4
+    max_searches: int = 4
+
+    @property
+    def turn_limit(self) -> int:
+        """The most turns an episode has: the searches, then one last answer-only turn."""
+        return self.max_searches + 1
 
 
 def chat_label(chat: ChatSummary) -> str:
@@ -91,7 +95,7 @@ class HistoryScreen(ModalScreen[int | None]):
 
 
 class SettingsScreen(ModalScreen[Settings | None]):
-    """Top-k and max turns; they apply from the next question on."""
+    """Top-k and max searches; they apply from the next question on."""
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
 
@@ -105,9 +109,9 @@ class SettingsScreen(ModalScreen[Settings | None]):
             yield Label(f"Passages per search (top-k, 1–{MAX_TOP_K})")
             yield Input(str(self.current.top_k), id="top-k", type="integer",
                         validators=[Integer(1, MAX_TOP_K)])
-            yield Label(f"Max turns (searches before the answer, 0–{MAX_TURNS})")
-            yield Input(str(self.current.max_turns), id="max-turns", type="integer",
-                        validators=[Integer(0, MAX_TURNS)])
+            yield Label(f"Max searches (before the answer turn, 0–{MAX_SEARCHES})")
+            yield Input(str(self.current.max_searches), id="max-searches", type="integer",
+                        validators=[Integer(0, MAX_SEARCHES)])
             yield Static("", id="settings-error", classes="dialog-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", id="save", variant="primary")
@@ -120,7 +124,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
     @on(Button.Pressed, "#save")
     @on(Input.Submitted)
     def _save(self) -> None:
-        fields = [self.query_one("#top-k", Input), self.query_one("#max-turns", Input)]
+        fields = [self.query_one("#top-k", Input), self.query_one("#max-searches", Input)]
         for field in fields:
             result = field.validate(field.value)
             if result is not None and not result.is_valid:

@@ -152,7 +152,7 @@ class Status:
 
     state: str = "loading the model…"
     turn: int | None = None
-    max_turns: int = 5
+    turn_limit: int = 5            # the searches and the final answer-only turn
     tokens_per_s: float | None = None
     retrieval_ms: float | None = None
     top_k: int = 3
@@ -166,7 +166,7 @@ def status_line(s: Status) -> str:
     turn = "–" if s.turn is None else str(s.turn + 1)
     tps = "–" if s.tokens_per_s is None else f"{s.tokens_per_s:.1f}"
     ms = "–" if s.retrieval_ms is None else f"{s.retrieval_ms:.0f}"
-    return f"{s.state} │ turn {turn}/{s.max_turns} │ {tps} tok/s │ retrieval {ms} ms │ top-k {s.top_k}"
+    return f"{s.state} │ turn {turn}/{s.turn_limit} │ {tps} tok/s │ retrieval {ms} ms │ top-k {s.top_k}"
 
 
 class StatusBar(Static):

@@ -118,7 +118,7 @@ def _check_run(out: Path, settings: dict[str, Any], overwrite: bool) -> None:
             (out / name).unlink(missing_ok=True)
     elif run.is_file():
         try:
-            old = json.loads(run.read_text(encoding="utf-8"))
+            old = _renamed_keys(json.loads(run.read_text(encoding="utf-8")))
         except ValueError:
             old = None
         if old != settings:
@@ -126,6 +126,13 @@ def _check_run(out: Path, settings: dict[str, Any], overwrite: bool) -> None:
                              "another --out", out)
     elif (out / PREDICTIONS).is_file():
         raise InputError(f"holds {PREDICTIONS} without {RUN}; pass --overwrite to start over", out)
+
+
+def _renamed_keys(run: Any) -> Any:
+    """An older run.json in today's spelling: it called the search budget `max_turns`."""
+    if isinstance(run, dict) and "max_turns" in run and "max_searches" not in run:
+        run = {("max_searches" if k == "max_turns" else k): v for k, v in run.items()}
+    return run
 
 
 def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool = False,
@@ -146,7 +153,7 @@ def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool
         raise InputError("the output path exists and is not a folder", out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {**(settings or {}), "arc": run_arc, "top_k": agent.config.top_k,
-                "max_turns": agent.config.max_searches, "max_turn_tokens": agent.config.max_turn_tokens,
+                "max_searches": agent.config.max_searches, "max_turn_tokens": agent.config.max_turn_tokens,
                 "max_obs_tokens": agent.config.max_obs_tokens, "max_total_tokens": agent.config.max_total_tokens}
     with folder_lock(out, "another eval is writing into this folder"):
         _check_run(out, settings, overwrite)

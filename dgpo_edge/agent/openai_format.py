@@ -35,7 +35,11 @@ class ChatRequest:
 
 
 def parse_chat_request(data: Any) -> ChatRequest:
-    """Check a decoded body; ClientError(400) names the field that is wrong."""
+    """Check a decoded body; ClientError(400) names the field that is wrong.
+
+    Only `temperature` and `seed` reach the sampler; `top_p`, `max_tokens` and a `top_k`
+    field (sampling top-k in other servers' dialects, `Sampling.top_k_tokens` here) are
+    ignored, so a client's `top_k` never changes the passages per search (`--top-k`)."""
     if not isinstance(data, dict):
         raise ClientError(400, "the body must be a JSON object with a 'messages' list")
     messages = data.get("messages")

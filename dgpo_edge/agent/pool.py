@@ -8,12 +8,17 @@ searches and onnxruntime sessions are safe to call from several threads.
 Requests beyond the free engines wait in a bounded queue (`max_waiting`);
 when it is full `acquire` raises `Busy` at once (the server's 503), and a
 request that waited `timeout` seconds without an engine gets `Busy` too.
+
+The pool loads nothing itself: `AgentPool.around` grows one loaded agent into
+N with an engine opener its caller supplies (`bundle.load_pool` for
+`dgpo-edge serve`), so the agent room never reaches up into bundle.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .agent import Agent
@@ -40,28 +45,23 @@ class AgentPool:
         self._cond = threading.Condition(threading.RLock())
 
     @classmethod
-    def load(cls, engines: int = 1, max_waiting: int = 8, **load_kwargs: Any) -> AgentPool:
-        """`engines` agents for what `load_agent(**load_kwargs)` loads: one retriever, N engines."""
-        from ..bundle import load_agent
-        from ..engines import open_engine
-
-        if engines < 1:
-            raise ValueError(f"engines must be >= 1, got {engines}")
-        first = load_agent(**load_kwargs)
+    def around(cls, first: Agent, open_engine: Callable[[], Any], engines: int = 1,
+               max_waiting: int = 8) -> AgentPool:
+        """`first` and `engines - 1` agents like it, each on an engine from `open_engine()`, all on
+        `first`'s retriever. The pool owns `first` from here: a failure closes it with the rest."""
         agents = [first]
         try:
+            if engines < 1:
+                raise ValueError(f"engines must be >= 1, got {engines}")
             for _ in range(engines - 1):
-                offload = {"n_gpu_layers": first.info["gpu_layers"]} if first.info.get("gpu_layers") else {}
-                engine = open_engine(first.info["model"], n_ctx=first.engine.n_ctx,
-                                     threads=load_kwargs.get("threads"), **offload)
-                extra = Agent(engine, first.retriever, first.config, timeout_s=first.timeout_s,
+                extra = Agent(open_engine(), first.retriever, first.config, timeout_s=first.timeout_s,
                               sampling=first.sampling)
                 extra.info = first.info
                 agents.append(extra)
+            return cls(agents, max_waiting)
         except BaseException:
             cls(agents).close()
             raise
-        return cls(agents, max_waiting)
 
     @property
     def info(self) -> dict[str, Any]:

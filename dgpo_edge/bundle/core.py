@@ -24,7 +24,7 @@ B/
 | `parity` | the export's parity results (`*.parity.json` beside the model), or null |
 | `index` | `path`, `kind`, `count`, `encoder` (the index's EncoderSpec) |
 | `encoder` | `format` (minilm-int8-onnx / transformers), `path`, or null for BM25 |
-| `protocol` | `template` ("search-r1"), `prompt_template` (the instruction text), `top_k`, `max_turns` (Search-R1's max_turns: turns before the final, search-free one; `ProtocolConfig.max_searches`), `max_turn_tokens`, `max_obs_tokens`, `max_total_tokens`, `stop` |
+| `protocol` | `template` ("search-r1"), `prompt_template` (the instruction text), `top_k`, `max_searches` (searches before the final, search-free turn: Search-R1's max_turns; older bundles call it `max_turns`, still read), `max_turn_tokens`, `max_obs_tokens`, `max_total_tokens`, `stop` |
 | `runtime` | `gpu_layers`: layers llama.cpp offloads to a GPU unless `--gpu-layers` says otherwise (0 none, -1 all) |
 | `files` | {relative path: {bytes, sha256}} for every file but manifest.json |
 
@@ -60,6 +60,8 @@ FORMAT = "dgpo-edge-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PARITY_SUFFIX = ".parity.json"
+#: What the manifest's `protocol.max_searches` was called before (Search-R1's name): still read.
+OLD_MAX_SEARCHES_KEY = "max_turns"
 
 #: Distributions whose versions a manifest records when installed.
 VERSIONED = ("llama-cpp-python", "onnxruntime", "onnxruntime-genai", "faiss-cpu", "tokenizers",
@@ -84,25 +86,32 @@ def versions() -> dict[str, str]:
 
 def protocol_settings(config: ProtocolConfig) -> dict[str, Any]:
     return {"template": "search-r1", "prompt_template": protocol.PROMPT_TEMPLATE, "top_k": config.top_k,
-            "max_turns": config.max_searches, "max_turn_tokens": config.max_turn_tokens,
+            "max_searches": config.max_searches, "max_turn_tokens": config.max_turn_tokens,
             "max_obs_tokens": config.max_obs_tokens, "max_total_tokens": config.max_total_tokens,
             "stop": list(protocol.STOP_STRINGS)}
 
 
 def protocol_config(settings: dict[str, Any] | None, top_k: int | None = None,
-                    max_turns: int | None = None) -> ProtocolConfig:
+                    max_searches: int | None = None) -> ProtocolConfig:
     """The ProtocolConfig a manifest's `protocol` section describes, with overrides."""
     s = settings or {}
     d = ProtocolConfig()
+    if max_searches is None:
+        max_searches = manifest_max_searches(s, d.max_searches)
     try:
         return ProtocolConfig(
             top_k=int(top_k if top_k is not None else s.get("top_k", d.top_k)),
-            max_searches=int(max_turns if max_turns is not None else s.get("max_turns", d.max_searches)),
+            max_searches=int(max_searches),
             max_turn_tokens=int(s.get("max_turn_tokens", d.max_turn_tokens)),
             max_obs_tokens=int(s.get("max_obs_tokens", d.max_obs_tokens)),
             max_total_tokens=int(s.get("max_total_tokens", d.max_total_tokens)))
     except (TypeError, ValueError) as e:
         raise InputError(f"bad protocol settings: {e}") from None
+
+
+def manifest_max_searches(settings: dict[str, Any], default: Any = None) -> Any:
+    """A `protocol` section's search budget: `max_searches`, or `max_turns`, the key older bundles wrote."""
+    return settings.get("max_searches", settings.get(OLD_MAX_SEARCHES_KEY, default))
 
 
 @dataclass
@@ -129,8 +138,8 @@ class Bundle:
     def model_format(self) -> str:
         return self.manifest["model"]["format"]
 
-    def protocol(self, top_k: int | None = None, max_turns: int | None = None) -> ProtocolConfig:
-        return protocol_config(self.manifest.get("protocol"), top_k, max_turns)
+    def protocol(self, top_k: int | None = None, max_searches: int | None = None) -> ProtocolConfig:
+        return protocol_config(self.manifest.get("protocol"), top_k, max_searches)
 
     @property
     def gpu_layers(self) -> int:

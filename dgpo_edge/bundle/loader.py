@@ -1,6 +1,7 @@
 """`load_agent`: one call that turns a bundle, or a model and an index, into a ready Agent.
 
-Used by `dgpo-edge ask`, `eval` and `chat`. What it loads:
+Used by `dgpo-edge ask`, `eval` and `chat`; `load_pool` loads N of them on one retriever for
+`dgpo-edge serve`. What it loads:
 
 | given | model | index |
 |---|---|---|
@@ -12,7 +13,7 @@ Used by `dgpo-edge ask`, `eval` and `chat`. What it loads:
 
 `model` or `index` given together with `bundle` replace that part of it. The
 protocol settings come from the bundle's manifest (the shipped student's with the default model,
-defaults otherwise); `top_k` and `max_turns` override them. A bundle's layout and sizes are checked
+defaults otherwise); `top_k` and `max_searches` override them. A bundle's layout and sizes are checked
 on load, and the hashes of the files changed since they were last verified;
 `dgpo-edge bundle verify` checks every hash.
 """
@@ -52,7 +53,7 @@ def _progress(progress: bool | Progress | None) -> tuple[Progress | None, Callab
 
 def load_agent(bundle: str | Path | None = None, model: str | Path | None = None,
                index: str | Path | None = None, threads: int | None = None, top_k: int | None = None,
-               max_turns: int | None = None, progress: bool | Progress | None = True, *,
+               max_searches: int | None = None, progress: bool | Progress | None = True, *,
                timeout_s: float | None = None, sampling: Any = None, n_ctx: int | None = None,
                encoder: str | None = None, corpus: str | Path | None = None,
                gpu_layers: int | None = None) -> Any:
@@ -88,9 +89,9 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
         model_path, settings = default_agent_model()
         model_from = "default model"
     if b is not None:
-        config = b.protocol(top_k, max_turns)
+        config = b.protocol(top_k, max_searches)
     else:
-        config = protocol_config(settings if model is None else None, top_k, max_turns)
+        config = protocol_config(settings if model is None else None, top_k, max_searches)
     offload = gpu_options(model_path, gpu_layers, b)
     engine = open_engine(model_path, n_ctx=n_ctx or config.max_total_tokens, threads=threads, **offload)
     try:
@@ -102,9 +103,27 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
     agent.info = {"bundle": None if b is None else str(b.path), "model": str(model_path),
                   "model_from": model_from, "engine": engine.name,
                   "index": str(Path(index).expanduser()) if index is not None else str(b.index_path),  # type: ignore[union-attr]
-                  "top_k": config.top_k, "max_turns": config.max_searches, "threads": engine.threads,
+                  "top_k": config.top_k, "max_searches": config.max_searches, "threads": engine.threads,
                   "n_ctx": engine.n_ctx, "gpu_layers": offload.get("n_gpu_layers", 0)}
     return agent
+
+
+def load_pool(engines: int = 1, max_waiting: int = 8, **load_kwargs: Any) -> Any:
+    """An `AgentPool` of `engines` agents for what `load_agent(**load_kwargs)` loads: one
+    retriever, N engines of the same model, each with its own KV cache."""
+    from ..agent.pool import AgentPool
+    from ..engines import open_engine
+
+    if engines < 1:   # before a model loads
+        raise ValueError(f"engines must be >= 1, got {engines}")
+    first = load_agent(**load_kwargs)
+    offload = {"n_gpu_layers": first.info["gpu_layers"]} if first.info.get("gpu_layers") else {}
+
+    def another_engine() -> Any:
+        return open_engine(first.info["model"], n_ctx=first.engine.n_ctx, threads=load_kwargs.get("threads"),
+                           **offload)
+
+    return AgentPool.around(first, another_engine, engines, max_waiting)
 
 
 def gpu_options(model_path: Path, gpu_layers: int | None, b: Bundle | None) -> dict[str, Any]:

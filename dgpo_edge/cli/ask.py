@@ -19,7 +19,8 @@ from rich.markup import escape
 
 from ..errors import InputError
 from ..termtext import printable
-from .common import GPU_LAYERS_HELP, MAX_TURNS_HELP, TOP_K_HELP, console, err_console, user_errors
+from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, max_searches_of, old_max_turns_option,
+                     console, err_console, user_errors)
 
 BUNDLE_HELP = "A bundle folder (default: the default bundle, built on first use)."
 MODEL_HELP = "A model: .gguf file (llama.cpp), ONNX folder (onnxruntime-genai) or transformers folder."
@@ -27,17 +28,17 @@ INDEX_HELP = "An index folder (`dgpo-edge index build`); without --model the def
 
 
 def agent_options(bundle: Optional[Path], model: Optional[Path], index: Optional[Path], threads: Optional[int],
-                  top_k: Optional[int], max_turns: Optional[int], quiet: bool = False,
+                  top_k: Optional[int], max_searches: Optional[int], quiet: bool = False,
                   gpu_layers: Optional[int] = None, **kw: Any) -> Any:
     """load_agent with the CLI's options (progress bars on stderr unless quiet)."""
     from ..bundle import load_agent
 
     if top_k is not None and top_k < 1:
         raise InputError(f"--top-k must be >= 1, got {top_k}")
-    if max_turns is not None and max_turns < 0:
-        raise InputError(f"--max-turns must be >= 0, got {max_turns}")
+    if max_searches is not None and max_searches < 0:
+        raise InputError(f"--max-searches must be >= 0, got {max_searches}")
     return load_agent(bundle=bundle, model=model, index=index, threads=threads, top_k=top_k,
-                      max_turns=max_turns, progress=not quiet, gpu_layers=gpu_layers, **kw)
+                      max_searches=max_searches, progress=not quiet, gpu_layers=gpu_layers, **kw)
 
 
 @user_errors
@@ -50,7 +51,9 @@ def ask(
     steps: bool = typer.Option(False, "--steps", help="Stream the model's text, searches and passages."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: the libraries')."),
     top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help=f"{TOP_K_HELP} (default: the bundle's, 3)."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", help=f"{MAX_TURNS_HELP} (default: the bundle's, 4)."),
+    max_searches: Optional[int] = typer.Option(None, "--max-searches",
+                                               help=f"{MAX_SEARCHES_HELP} (default: the bundle's, 4)."),
+    old_max_turns: Optional[int] = old_max_turns_option(),
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help=GPU_LAYERS_HELP),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy; above 0 samples."),
@@ -66,7 +69,8 @@ def ask(
         raise InputError(f"--timeout must be > 0, got {timeout}")
     if temperature < 0:
         raise InputError(f"--temperature must be >= 0, got {temperature}")
-    agent = agent_options(bundle, model, index, threads, top_k, max_turns, quiet=as_json, gpu_layers=gpu_layers,
+    agent = agent_options(bundle, model, index, threads, top_k, max_searches_of(max_searches, old_max_turns),
+                          quiet=as_json, gpu_layers=gpu_layers,
                           timeout_s=timeout,
                           sampling=Sampling(temperature=temperature, seed=seed))
     end: Any = None

@@ -50,6 +50,8 @@ def _not_built(d: Path, as_json: bool) -> None:
 
 
 def print_info(b: Any, verified: bool = False) -> None:
+    from ..bundle.core import manifest_max_searches
+
     m = b.manifest
     table = Table(title=f"bundle {b.path}", show_header=False)
     model = m["model"]
@@ -62,7 +64,8 @@ def print_info(b: Any, verified: bool = False) -> None:
     e = m.get("encoder")
     table.add_row("query encoder", "none (BM25)" if not e else f"{e['format']} in {e['path']}/")
     p = m.get("protocol") or {}
-    table.add_row("protocol", f"{p.get('template', '?')}: top-k {p.get('top_k')}, max turns {p.get('max_turns')}, "
+    table.add_row("protocol", f"{p.get('template', '?')}: top-k {p.get('top_k')}, "
+                  f"max searches {manifest_max_searches(p)}, "
                   f"{p.get('max_turn_tokens')}/{p.get('max_obs_tokens')}/{p.get('max_total_tokens')} tokens "
                   f"(turn/observation/total)")
     for key, value in parity_rows(m.get("parity")):

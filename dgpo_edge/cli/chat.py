@@ -15,10 +15,11 @@ from typing import Any, Optional
 import typer
 
 from ..errors import InputError
-from .common import GPU_LAYERS_HELP, MAX_TURNS_HELP, TOP_K_HELP, user_errors
+from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, max_searches_of, old_max_turns_option,
+                     user_errors)
 
 MAX_TOP_K = 20     # kept equal to the settings screen's limits (apps/chat/screens.py)
-MAX_TURNS = 16
+MAX_SEARCHES = 16
 
 
 @user_errors
@@ -29,21 +30,23 @@ def chat(
     index: Optional[Path] = typer.Option(None, "--index", help="An index directory (`dgpo-edge index build`)."),
     top_k: Optional[int] = typer.Option(None, "--top-k", "-k", min=1, max=MAX_TOP_K,
                                         help=f"{TOP_K_HELP} (default: the bundle's, else 3)."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=0, max=MAX_TURNS,
-                                            help=f"{MAX_TURNS_HELP} (default: the bundle's, else 4)."),
+    max_searches: Optional[int] = typer.Option(None, "--max-searches", min=0, max=MAX_SEARCHES,
+                                               help=f"{MAX_SEARCHES_HELP} (default: the bundle's, else 4)."),
+    old_max_turns: Optional[int] = old_max_turns_option(min=0, max=MAX_SEARCHES),
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", min=-1, help=GPU_LAYERS_HELP),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for the model."),
     history: Optional[Path] = typer.Option(None, "--history", help="Chat history file. "
                                            "Default: $XDG_DATA_HOME/dgpo-edge/chats.sqlite."),
 ) -> None:
     """Chat with the search agent in the terminal: Esc stops, Ctrl+O past chats, Ctrl+S settings."""
-    app = build_app(bundle=bundle, model=model, index=index, top_k=top_k, max_turns=max_turns,
+    app = build_app(bundle=bundle, model=model, index=index, top_k=top_k,
+                    max_searches=max_searches_of(max_searches, old_max_turns),
                     threads=threads, history=history, gpu_layers=gpu_layers, need_terminal=True)
     app.run()
 
 
 def build_app(bundle: Path | None = None, model: Path | None = None, index: Path | None = None,
-              top_k: int | None = None, max_turns: int | None = None, threads: int | None = None,
+              top_k: int | None = None, max_searches: int | None = None, threads: int | None = None,
               history: Path | None = None, gpu_layers: int | None = None, need_terminal: bool = False) -> Any:
     """Check the arguments, open the chat history, load the agent; return the (not yet running) app.
 
@@ -67,8 +70,8 @@ def build_app(bundle: Path | None = None, model: Path | None = None, index: Path
 
     # Progress bars (stderr) show only if the default bundle has to be built first.
     agent = load_agent(bundle=bundle, model=model, index=index, threads=threads, top_k=top_k,
-                       max_turns=max_turns, gpu_layers=gpu_layers)
-    settings = Settings(top_k=agent.config.top_k, max_turns=agent.config.max_searches)
+                       max_searches=max_searches, gpu_layers=gpu_layers)
+    settings = Settings(top_k=agent.config.top_k, max_searches=agent.config.max_searches)
     return ChatApp(lambda: agent, store, settings=settings, description=describe(agent, bundle, model, index))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -35,9 +35,22 @@ def user_errors(fn: F) -> F:
 
 # One spelling and one meaning per option, on every command that has it.
 TOP_K_HELP = "Passages per search"
-MAX_TURNS_HELP = "Search turns before the final, search-free answer turn (Search-R1's max_turns)"
+MAX_SEARCHES_HELP = "Searches before the final, search-free answer turn (Search-R1's max_turns)"
 GPU_LAYERS_HELP = ("Model layers llama.cpp offloads to the GPU of a Metal or CUDA build (0 none, -1 all; "
                    "default: the bundle's, else 0).")
+
+
+def old_max_turns_option(**limits: Any) -> Any:
+    """`--max-turns`, the old spelling of `--max-searches`: still read, hidden from --help.
+
+    It named `ProtocolConfig.max_searches`, yet an episode has one more turn than that."""
+    return typer.Option(None, "--max-turns", hidden=True, help="Deprecated: --max-searches.", **limits)
+
+
+def max_searches_of(max_searches: int | None, old_max_turns: int | None) -> int | None:
+    """`--max-searches`, or the old `--max-turns` when that was given (as `index serve --topk`)."""
+    return max_searches if old_max_turns is None else old_max_turns
+
 
 # What each extra's install line is; train needs torch first (its build depends on the machine).
 EXTRA_INSTALL = {"train": "pip install torch && pip install 'dgpo-edge[train]'"}

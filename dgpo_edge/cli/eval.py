@@ -19,7 +19,8 @@ import typer
 from rich.markup import escape
 
 from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP, agent_options
-from .common import GPU_LAYERS_HELP, MAX_TURNS_HELP, TOP_K_HELP, console, err_console, user_errors
+from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, max_searches_of, old_max_turns_option,
+                     console, err_console, user_errors)
 
 
 @user_errors
@@ -34,7 +35,9 @@ def eval_command(
     fmt: str = typer.Option("auto", "--format", help="Dataset format (auto-detected by default)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: the libraries')."),
     top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help=f"{TOP_K_HELP} (default: the bundle's, 3)."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", help=f"{MAX_TURNS_HELP} (default: the bundle's, 4)."),
+    max_searches: Optional[int] = typer.Option(None, "--max-searches",
+                                               help=f"{MAX_SEARCHES_HELP} (default: the bundle's, 4)."),
+    old_max_turns: Optional[int] = old_max_turns_option(),
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help=GPU_LAYERS_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard earlier predictions in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print the report (report.json's content) as JSON."),
@@ -46,7 +49,8 @@ def eval_command(
     from ..progress import add_stage, stage_progress
 
     questions = load_questions(data, limit=limit, fmt=fmt)   # bad files fail before the model loads
-    agent = agent_options(bundle, model, index, threads, top_k, max_turns, gpu_layers=gpu_layers)
+    agent = agent_options(bundle, model, index, threads, top_k, max_searches_of(max_searches, old_max_turns),
+                          gpu_layers=gpu_layers)
     settings = {"agent": _settings(agent.info)}
     bar = stage_progress(err_console, extra=(TextColumn("EM {task.fields[em]}"),))   # stderr: stdout is the report
     ems: list[float] = []

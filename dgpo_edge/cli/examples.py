@@ -36,14 +36,14 @@ EXAMPLES: dict[str, list[str]] = {
     "train sft": ["dgpo-edge train sft --config train/configs/tiny-cpu-sft.yaml optim.lr=2e-5"],
     "train kd": ["dgpo-edge train kd --config train/configs/tiny-cpu-kd.yaml"],
     "train tgo": ["dgpo-edge train tgo --teacher out/teacher --data out/factbookqa/train.jsonl "
-                  "--index out/fb-index --out out/tgo.jsonl --n 4 --top-k 3 --max-turns 4"],
+                  "--index out/fb-index --out out/tgo.jsonl --n 4 --top-k 3 --max-searches 4"],
     "train ppo": ["dgpo-edge train ppo --config train/configs/factbook-ppo.yaml"],
     "train dgpo": ["dgpo-edge train dgpo --config train/configs/tiny-cpu-dgpo.yaml run.out_dir=out/runs/dgpo"],
     "train grpo": ["dgpo-edge train grpo --config train/configs/tiny-cpu-dgpo.yaml rollout.samples_per_prompt=4"],
     "export gguf": ["dgpo-edge export gguf out/student --out student-q8_0.gguf --quant q8_0"],
     "export onnx": ["dgpo-edge export onnx out/student --out student-onnx --precision int4"],
     "export bundle": ["dgpo-edge export bundle --model student-q8_0.gguf --index out/fb-index --out my-bundle "
-                      "--top-k 3 --max-turns 4"],
+                      "--top-k 3 --max-searches 4"],
     "model from-gguf": ["dgpo-edge model from-gguf SmolLM2-135M-Instruct.gguf --out out/smollm2 --as qwen2"],
     "model prune": ["dgpo-edge model prune out/teacher --out out/student --keep-layers 12"],
     "bundle info": ["dgpo-edge bundle info --json", "dgpo-edge bundle info my-bundle"],

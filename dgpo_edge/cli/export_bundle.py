@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .common import MAX_TURNS_HELP, TOP_K_HELP, console, user_errors
+from .common import MAX_SEARCHES_HELP, TOP_K_HELP, console, max_searches_of, old_max_turns_option, user_errors
 
 
 @user_errors
@@ -24,7 +24,8 @@ def bundle_command(
     encoder: Optional[Path] = typer.Option(None, "--encoder", help="Query encoder folder for a non-MiniLM dense "
                                                                    "index (MiniLM indexes get the int8 ONNX)."),
     top_k: int = typer.Option(3, "--top-k", "-k", min=1, help=f"{TOP_K_HELP}."),
-    max_turns: int = typer.Option(4, "--max-turns", min=0, help=f"{MAX_TURNS_HELP}."),
+    max_searches: int = typer.Option(4, "--max-searches", min=0, help=f"{MAX_SEARCHES_HELP}."),
+    old_max_turns: Optional[int] = old_max_turns_option(min=0),
     gpu_layers: int = typer.Option(0, "--gpu-layers", min=-1, help="Default llama.cpp GPU offload recorded in the "
                                    "manifest (0 none, -1 all); `--gpu-layers` on ask, eval, chat overrides it."),
     max_turn_tokens: int = typer.Option(500, "--max-turn-tokens", min=1, help="New tokens per turn."),
@@ -38,7 +39,8 @@ def bundle_command(
     from ..protocol import ProtocolConfig
     from .bundle import print_info
 
-    config = ProtocolConfig(top_k=top_k, max_searches=max_turns, max_turn_tokens=max_turn_tokens,
+    config = ProtocolConfig(top_k=top_k, max_searches=max_searches_of(max_searches, old_max_turns),
+                            max_turn_tokens=max_turn_tokens,
                             max_obs_tokens=max_obs_tokens, max_total_tokens=max_total_tokens)
     bar = RichProgress()
     try:

@@ -10,7 +10,8 @@ from rich.markup import escape
 
 from ..errors import InputError
 from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP
-from .common import GPU_LAYERS_HELP, MAX_TURNS_HELP, TOP_K_HELP, console, err_console, user_errors
+from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, max_searches_of, old_max_turns_option,
+                     console, err_console, user_errors)
 
 
 @user_errors
@@ -28,7 +29,9 @@ def serve(
     model_name: str = typer.Option("dgpo-edge", "--model-name", help="The model id /v1/models lists."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads per engine."),
     top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help=f"{TOP_K_HELP} (default: the bundle's, 3)."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", help=f"{MAX_TURNS_HELP} (default: the bundle's, 4)."),
+    max_searches: Optional[int] = typer.Option(None, "--max-searches",
+                                               help=f"{MAX_SEARCHES_HELP} (default: the bundle's, 4)."),
+    old_max_turns: Optional[int] = old_max_turns_option(),
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help=GPU_LAYERS_HELP),
 ) -> None:
     """Serve the agent with OpenAI's chat-completions API (plus /retrieve); Ctrl-C stops.
@@ -37,7 +40,7 @@ def serve(
     at http://127.0.0.1:8080/v1 (any API key).
     """
     from ..agent.http_app import ServeLimits, listen, make_app, make_server
-    from ..agent.pool import AgentPool
+    from ..bundle import load_pool
     from ..retrieval.http_checks import is_loopback
 
     if timeout <= 0:
@@ -50,8 +53,9 @@ def serve(
     local = host == "localhost" or is_loopback(host)
     sock = listen(host, port)
     try:
-        pool = AgentPool.load(engines, queue, bundle=bundle, model=model, index=index, threads=threads,
-                              top_k=top_k, max_turns=max_turns, timeout_s=timeout, gpu_layers=gpu_layers)
+        pool = load_pool(engines, queue, bundle=bundle, model=model, index=index, threads=threads, top_k=top_k,
+                         max_searches=max_searches_of(max_searches, old_max_turns), timeout_s=timeout,
+                         gpu_layers=gpu_layers)
         try:
             app = make_app(pool, model_name, ServeLimits(timeout=timeout), local_only=local)
             url = f"http://{host}:{sock.getsockname()[1]}/v1"

@@ -12,7 +12,8 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from .common import MAX_TURNS_HELP, TOP_K_HELP, console, err_console, needs_extra, user_errors
+from .common import (MAX_SEARCHES_HELP, TOP_K_HELP, console, err_console, max_searches_of, needs_extra,
+                     old_max_turns_option, user_errors)
 
 
 @needs_extra("train", "torch", "transformers")
@@ -29,9 +30,8 @@ def tgo_command(
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature (> 0)."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass."),
     seed: int = typer.Option(0, "--seed", help="Random seed (per chunk of questions)."),
-    max_turns: int = typer.Option(4, "--max-turns", min=0, help=f"{MAX_TURNS_HELP}."),
-    max_searches: Optional[int] = typer.Option(None, "--max-searches", min=0, hidden=True,
-                                               help="Deprecated spelling of --max-turns."),
+    max_searches: int = typer.Option(4, "--max-searches", min=0, help=f"{MAX_SEARCHES_HELP}."),
+    old_max_turns: Optional[int] = old_max_turns_option(min=0),
     top_k: int = typer.Option(3, "--top-k", "-k", min=1, help=f"{TOP_K_HELP}."),
     max_turn_tokens: int = typer.Option(500, "--max-turn-tokens", min=1, help="New tokens per turn."),
     engine: str = typer.Option("auto", "--engine", help="Decoder: auto, fast or plain."),
@@ -48,8 +48,6 @@ def tgo_command(
     from ..train.evaluation import open_retriever
     from ..train.tgo import TgoConfig, generate_teacher_trajectories
 
-    if max_searches is not None:  # the old spelling still works, hidden from --help
-        max_turns = max_searches
     if engine not in ENGINES:
         raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if temperature <= 0 or top_p <= 0:
@@ -60,7 +58,8 @@ def tgo_command(
     if not all(ex.answers for ex in examples):
         raise InputError("every question needs gold answers (only correct trajectories are kept)", data)
     config = TgoConfig(n=n, rollout=RolloutConfig(
-        protocol=ProtocolConfig(top_k=top_k, max_searches=max_turns, max_turn_tokens=max_turn_tokens), temperature=temperature,
+        protocol=ProtocolConfig(top_k=top_k, max_searches=max_searches_of(max_searches, old_max_turns),
+                                max_turn_tokens=max_turn_tokens), temperature=temperature,
         top_p=top_p, seed=seed, batch_size=batch_size, engine=engine, chat_template=chat_template))
     with open_retriever(str(index)) as retriever:  # before the teacher loads: a bad --index fails fast
         model, tokenizer = load_teacher(teacher, device, dtype)

@@ -49,11 +49,14 @@ FINISH_REASONS = ("stop", "eos", "length", "stopped")
 
 @dataclass(frozen=True)
 class Sampling:
-    """How to pick the next token. `temperature == 0` is greedy (argmax; the rest is ignored)."""
+    """How to pick the next token. `temperature == 0` is greedy (argmax; the rest is ignored).
+
+    `top_k_tokens` keeps the k most likely tokens; it is not `ProtocolConfig.top_k`
+    (passages per search), hence the longer name."""
 
     temperature: float = 0.0
     top_p: float = 1.0
-    top_k: int = 0            # 0: no top-k cut
+    top_k_tokens: int = 0     # 0: no top-k cut
     seed: int | None = None   # None: a fresh random stream per engine
 
     def __post_init__(self) -> None:
@@ -61,8 +64,8 @@ class Sampling:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.top_k_tokens < 0:
+            raise ValueError(f"top_k_tokens must be >= 0, got {self.top_k_tokens}")
 
     @property
     def greedy(self) -> bool:
@@ -330,8 +333,9 @@ class Engine(ABC):
         if sampling.greedy:
             return int(np.argmax(logits))
         x = np.asarray(logits, dtype=np.float64) / sampling.temperature
-        if sampling.top_k and sampling.top_k < x.size:
-            kth = np.partition(x, -sampling.top_k)[-sampling.top_k]
+        k = sampling.top_k_tokens
+        if k and k < x.size:
+            kth = np.partition(x, -k)[-k]
             x = np.where(x < kth, -np.inf, x)
         x -= x.max()
         p = np.exp(x)
