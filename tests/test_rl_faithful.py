@@ -60,7 +60,7 @@ def test_value_mask_changes_what_the_critic_learns(toy, tmp_path):
 def test_dev_em_uses_the_runs_rollout_limits(toy, tmp_path):
     config = load_rl_config("dgpo", write_rl_config(
         toy, tmp_path / "run", data={"dev": str(Path(toy) / "dev.jsonl")},
-        rollout={"max_searches": 2, "max_turn_tokens": 33, "top_k": 2, "max_obs_tokens": 77}))
+        protocol={"max_searches": 2, "max_turn_tokens": 33, "top_k": 2, "max_obs_tokens": 77}))
     protocol = RLTrainer(config).eval_fn().rollout.protocol
     assert (protocol.max_searches, protocol.max_turn_tokens, protocol.top_k, protocol.max_obs_tokens) == (2, 33, 2, 77)
 

@@ -159,3 +159,19 @@ def test_rl_non_finite_numbers_are_refused(tmp_path, override, key):
     with pytest.raises(InputError) as info:
         load_rl_config("dgpo", path, [override])
     assert f"'{key}'" in str(info.value) and "finite" in str(info.value)
+
+
+def test_old_protocol_keys_load_with_a_warning_naming_the_new_key(tmp_path, capsys):
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    path = _yaml(tmp_path, RL_GOOD + "rollout: {max_searches: 2, max_turn_tokens: 33}\n")
+    c = load_rl_config("dgpo", path, [])
+    assert (c.protocol.max_searches, c.protocol.max_turn_tokens) == (2, 33)
+    err = capsys.readouterr().err
+    assert "key 'rollout.max_searches' is deprecated, use 'protocol.max_searches'" in err
+    # An override in the old spelling moves too; old and new together are refused.
+    c = load_rl_config("dgpo", _yaml(tmp_path, RL_GOOD, "b.yaml"), ["rollout.top_k=2"])
+    assert c.protocol.top_k == 2
+    both = _yaml(tmp_path, RL_GOOD + "rollout: {top_k: 2}\nprotocol: {top_k: 3}\n", "c.yaml")
+    with pytest.raises(InputError, match="set only 'protocol.top_k'"):
+        load_rl_config("dgpo", both, [])

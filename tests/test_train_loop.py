@@ -162,7 +162,7 @@ def test_dev_em_hook_keeps_best_and_last(toy, tmp_path):
     config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
                           optim={"max_steps": 2, "batch_size": 2},
                           data={"dev": str(toy["dev"]), "retriever": str(toy["corpus"])},
-                          eval={"every": 1, "at_start": True, "max_turn_tokens": 8, "engine": "plain"})
+                          eval={"every": 1, "at_start": True, "engine": "plain"}, protocol={"max_turn_tokens": 8})
     summary = _sft(config)
     rows = read_metrics(tmp_path / "run" / "eval.csv")
     assert [r["step"] for r in rows] == ["0", "1", "2"]

@@ -240,7 +240,7 @@ def test_the_worlds_configs_train_on_a_mixture(mix: Path, tmp_path: Path):
               f"data.train={mix / 'oracle.jsonl'}", f"data.dev={mix / 'dev.jsonl'}",
               f"data.retriever={mix / 'corpus.jsonl'}", "data.dev_limit=2", "data.max_length=1536",
               "optim.max_steps=2", "optim.batch_size=2", "eval.at_start=false", "eval.batch_size=2",
-              "eval.max_turn_tokens=8", "log.every=1", "log.progress=false", "log.tensorboard=false"]
+              "protocol.max_turn_tokens=8", "log.every=1", "log.progress=false", "log.tensorboard=false"]
     teacher = tmp_path / "teacher"
     r = invoke("train", "sft", "--config", ROOT / "train/configs/worlds-teacher-sft.yaml",
                f"run.out_dir={teacher}", *common)
