@@ -7,6 +7,16 @@ Qwen2.5-3B-shaped teacher, random weights, the real Qwen tokenizer, 512 prompts 
         bench/rl_cost.py run --steps 2 --tag 2gpu                     # rollouts split across ranks
     python bench/rl_cost.py report                                    # the markdown for docs/benchmarks.md
 
+Before and after the RL speed work, side by side on one card (`--variant before` decodes with the
+training weights, the two-matmul attention and eager sampling, as the first version did; the
+length-bucketed micro-batches have no switch), then the JSON of bench/results/rl_speed.json:
+
+    python bench/rl_cost.py run --steps 2 --variant before --tag before
+    python bench/rl_cost.py run --steps 2 --variant after --tag after
+    python bench/rollout.py --tokenizer device/qwen2 --batch 512 --skip-generate --out rollout-b512.json
+    python bench/rl_cost.py speed --rollout-json rollout-b512.json --factbook-metrics runs/dgpo/metrics.csv \
+        --card "NVIDIA H100 80GB HBM3" --out bench/results/rl_speed.json
+
 Random weights never answer, so every rollout fails (the teacher term applies to all of them:
 the worst case for its cost) and every turn runs to its 500-token budget: 4 turns with feedback
 plus a final one, up to the 4,096-token episode limit. Questions and the BM25 corpus are
@@ -61,6 +71,8 @@ def run(args: argparse.Namespace) -> None:
     config.optim.steps = args.steps
     config.log.tensorboard = False
     config.log.progress = False
+    if args.variant == "before":
+        config.rollout.weights, config.rollout.attention, config.rollout.fused_sampling = "training", "matmul", False
     validate_rl(config, "bench/rl_cost.py")
     summary = run_rl(config)
     print(json.dumps(summary))
@@ -89,9 +101,39 @@ def report(args: argparse.Namespace) -> None:
               f"{r['rollout_tokens_per_s']:,.0f} | {r['peak_mem_gb']:.1f} |")
 
 
+def _last_row(metrics: Path) -> dict:
+    with open(metrics, newline="") as f:
+        return list(csv.DictReader(f))[-1]
+
+
+def speed(args: argparse.Namespace) -> None:
+    """bench/results/rl_speed.json from the before/after runs, a bench/rollout.py JSON and a
+    FactbookQA DGPO run's metrics.csv (each step's last row)."""
+    import subprocess
+
+    before, after = (_last_row(args.work / f"run-{t}" / "metrics.csv") for t in ("before", "after"))
+    rollout = json.loads(args.rollout_json.read_text())
+    engine = rollout["qwen2.5-0.5b"]
+    result = {
+        "card": args.card,
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                 cwd=ROOT).stdout.strip(),
+        "paper_step_s_before": float(before["time_step_s"]),
+        "paper_step_s_after": float(after["time_step_s"]),
+        "rollout_tok_s_in_rl": float(after["rollout_tokens_per_s"]),
+        "engine_tok_s_standalone": engine["fast_sampled"]["tokens_per_s"],
+        "engine_b512_sampled_tok_s": engine["fast_sampled"]["tokens_per_s"] if rollout["batch"] == 512 else None,
+        "factbook_step_s": float(_last_row(args.factbook_metrics)["time_step_s"]) if args.factbook_metrics else None,
+        "phases_before": {p: float(before[f"time_{p}_s"] or 0) for p in PHASES},
+        "phases_after": {p: float(after[f"time_{p}_s"] or 0) for p in PHASES},
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("prepare", "run", "report"))
+    ap.add_argument("what", choices=("prepare", "run", "report", "speed"))
     ap.add_argument("--work", type=Path, default=ROOT / "out" / "bench-rl-cost")
     ap.add_argument("--tokenizer", type=Path, default=ROOT / "device" / "qwen2")
     ap.add_argument("--data", type=Path, default=ROOT / "out" / "factbookqa" / "train.jsonl")
@@ -101,8 +143,14 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--tag", default="1gpu")
+    ap.add_argument("--variant", choices=("before", "after"), default="after",
+                    help="before: the first version's rollouts (training weights, matmul attention, eager sampling)")
+    ap.add_argument("--rollout-json", type=Path, help="speed: bench/rollout.py's output")
+    ap.add_argument("--factbook-metrics", type=Path, help="speed: metrics.csv of a FactbookQA DGPO run")
+    ap.add_argument("--card", default="", help="speed: the GPU, as nvidia-smi names it")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rl_speed.json")
     args = ap.parse_args()
-    {"prepare": prepare, "run": run, "report": report}[args.what](args)
+    {"prepare": prepare, "run": run, "report": report, "speed": speed}[args.what](args)
 
 
 if __name__ == "__main__":

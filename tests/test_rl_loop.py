@@ -299,6 +299,10 @@ def test_rollout_weights_default_to_the_training_weights_on_cpu(toy, tmp_path):
 
     trainer = RLTrainer(load_rl_config("ppo", write_rl_config(toy, tmp_path / "plain", teacher={"path": ""})))
     assert trainer.rollout_copy is None and trainer.rollout_lm is trainer.lm
+    assert trainer.engine.attention == "sdpa"
+    trainer = RLTrainer(load_rl_config("ppo", write_rl_config(
+        toy, tmp_path / "first", teacher={"path": ""}, rollout={"attention": "matmul", "fused_sampling": False})))
+    assert trainer.engine.attention == "matmul"   # the engine as first written, for before/after benchmarks
 
 
 def test_teacher_with_another_tokenizer_is_refused(toy, tmp_path):
@@ -322,6 +326,7 @@ def test_teacher_with_another_tokenizer_is_refused(toy, tmp_path):
     ("teacher.estimator=k2", "teacher.estimator"),
     ("ppo.gamma=1.5", "ppo.gamma"),
     ("rollout.max_turns=3", "unknown"),
+    ("rollout.attention=flash", "must be one of"),
     ("head_rows=0", "head_rows"),
     ("teacher.threshold=0", "teacher.threshold"),
     ("teacher.threshold=1.5", "teacher.threshold"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from .. import protocol
 from ..episode import Episode
@@ -48,7 +48,8 @@ class RolloutConfig:
     for choosing tokens; log-probs are always `log_softmax(logits / T)`),
     `seed` (a run is reproducible from it).
     Batching: `batch_size` episodes per engine call; `engine` auto/fast/plain;
-    `check_every` decode steps between the fast engine's stop checks.
+    `check_every` decode steps between the fast engine's stop checks;
+    `attention` and `fused_sampling`: the fast engine's kernels (train/fast_decode.py).
     Prompt: `chat_template` wraps the instruction in the tokenizer's chat
     template when it has one (the released checkpoints' format).
     """
@@ -61,6 +62,8 @@ class RolloutConfig:
     batch_size: int = 64
     engine: DecoderChoice = "auto"
     check_every: int = 32
+    attention: Literal["sdpa", "matmul"] = "sdpa"
+    fused_sampling: bool = True      # compiled sampling, on CUDA only
     chat_template: bool = True
 
     def __post_init__(self) -> None:
@@ -120,8 +123,10 @@ def make_engine(model: Any, tokenizer: Any, config: RolloutConfig) -> Any:
 
     eos = model_eos_ids(model, tokenizer)
     if config.engine == "fast" or (config.engine == "auto" and fast_decode.supports(model)):
+        fused = config.fused_sampling and next(model.parameters()).device.type == "cuda"
         return fast_decode.FastDecoder(model, tokenizer, protocol.STOP_STRINGS, eos,
-                                       check_every=config.check_every)
+                                       check_every=config.check_every, attention=config.attention,
+                                       fused_sampling=fused)
     return PlainDecoder(model, tokenizer, protocol.STOP_STRINGS, eos)
 
 

@@ -53,6 +53,10 @@ class RolloutSection:
     # (train/rollout_copy.py), or the training weights themselves; auto = the copy for bf16 runs on
     # a GPU. Old log-probs are recomputed from the training weights either way.
     weights: Literal["auto", "bf16_copy", "training"] = "auto"
+    # The fast engine's kernels: fused SDPA or the two-matmul attention; sampling compiled by
+    # torch.compile (on CUDA) or eager. The defaults are the faster ones (docs/benchmarks.md).
+    attention: Literal["sdpa", "matmul"] = "sdpa"
+    fused_sampling: bool = True
 
 
 @dataclass
