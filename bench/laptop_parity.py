@@ -47,6 +47,8 @@ def parity_row(name: str, run: Path, model: Path | None, gpu: list[int]) -> dict
             "agree": sum(a == b for a, b in zip(laptop, same)) / n,
             "laptop_only": sum(a > b for a, b in zip(laptop, same)), "gpu_only": sum(b > a for a, b in zip(laptop, same)),
             "s_per_question_median": statistics.median(p["seconds"] for p in preds),
+            "decode_tok_s": round(sum(p["new_tokens"] for p in preds) / sum(p["decode_s"] for p in preds), 1),
+            "prompt_tok_s": round(sum(p["prompt_tokens"] for p in preds) / sum(p["prompt_s"] for p in preds), 1),
             "bytes": model_bytes(model) if model else None}
 
 
