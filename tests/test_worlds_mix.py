@@ -226,7 +226,8 @@ def test_an_edited_world_is_refused(worlds: Path, tmp_path: Path):
 
 @pytest.mark.slow
 def test_the_worlds_configs_train_on_a_mixture(mix: Path, tmp_path: Path):
-    """worlds-teacher-sft.yaml, then worlds-kd.yaml from its checkpoint, a few steps each on tiny models."""
+    """worlds-teacher-sft.yaml, worlds-kd.yaml from its checkpoint, then worlds-dgpo.yaml: a few steps each,
+    tiny models."""
     pytest.importorskip("torch")
     pytest.importorskip("accelerate")
     from bundle_helpers import smollm2_gguf
@@ -256,6 +257,19 @@ def test_the_worlds_configs_train_on_a_mixture(mix: Path, tmp_path: Path):
         assert json.loads((run / "summary.json").read_text())["steps"] == 2
     made = json.loads((tmp_path / "kd" / "checkpoints" / "last" / "dgpo_edge.json").read_text())
     assert made["train_data"]["sha256"] == file_digest(mix / "oracle.jsonl")["sha256"]
+    # worlds-dgpo.yaml: DGPO from the KD student with the teacher, on the mixture's questions.
+    dgpo = tmp_path / "dgpo"
+    r = invoke("train", "dgpo", "--config", ROOT / "train/configs/worlds-dgpo.yaml", f"run.out_dir={dgpo}",
+               f"model.path={tmp_path / 'kd' / 'checkpoints' / 'last'}",
+               f"teacher.path={teacher / 'checkpoints' / 'best'}", "run.precision=fp32",
+               f"data.train={mix / 'train.jsonl'}", f"data.dev={mix / 'dev.jsonl'}",
+               f"data.retriever={mix / 'corpus.jsonl'}", "data.dev_limit=2", "optim.steps=1",
+               "rollout.prompts_per_step=2", "rollout.batch_size=2", "ppo.mini_batch=2", "ppo.micro_batch=2",
+               "protocol.max_turn_tokens=8", "eval.at_start=false", "eval.every=1", "eval.batch_size=2",
+               "log.progress=false", "log.tensorboard=false")
+    assert r.exit_code == 0, r.output
+    assert json.loads((dgpo / "summary.json").read_text())["steps"] == 1
+    assert [row["step"] for row in read_metrics(dgpo / "metrics.csv")] == ["1"]
 
 
 def test_worlds_results_collects_rows_in_the_issue_shape(mix: Path, tmp_path: Path):
