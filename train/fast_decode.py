@@ -65,7 +65,10 @@ def fused_sampler() -> Any:
     """
     import torch
 
-    compiled = torch.compile(sample_next, dynamic=False)
+    # dynamic=None: the first new batch size recompiles once with a symbolic batch dimension, which then
+    # serves every power-of-two bucket a run meets (a static compile per size would hit dynamo's
+    # recompile limit within one multi-turn rollout and fall back to eager).
+    compiled = torch.compile(sample_next, dynamic=None)
     use = [compiled]
 
     def sample(logits: Any, sampling: RolloutSampling, noise: Any | None = None) -> tuple[Any, Any]:
