@@ -249,8 +249,9 @@ async def test_passage_text_reaches_the_screen_without_terminal_escapes(tmp_path
 
 @asynchronous
 async def test_the_answer_streams_into_markdown(retriever, chats):
+    # 30 ms a token: slow enough that even a slow CI machine renders several partial answers.
     app = make_app(scripted_agent(retriever, ["<answer> Lima is the capital of **Peru** </answer>"],
-                                  token_delay_s=0.01), chats)
+                                  token_delay_s=0.03), chats)
     seen: list[str] = []
     async with app.run_test(size=(100, 30)) as pilot:
         original = ExchangeView._sync_answer
