@@ -33,7 +33,7 @@ import rollout  # noqa: E402  (bench/rollout.py: model shapes, prompts, the trai
 
 #: The engine as first written ("before") and with each speed option (train/fast_decode.py).
 VARIANTS = {
-    "before": dict(attention="matmul", fused_sampling=False, lm_head="model"),
+    "before": rollout.BEFORE,
     "sdpa": dict(attention="sdpa", fused_sampling=False, lm_head="model"),
     "sdpa_fused": dict(attention="sdpa", fused_sampling=True, lm_head="model"),
     "sdpa_fused_lmT": dict(attention="sdpa", fused_sampling=True, lm_head="transposed"),
@@ -53,18 +53,11 @@ def graph_ms(fn, reps: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return round(start.elapsed_time(end) / reps, 3)
+    return event_ms(graph.replay, reps)
 
 
-def eager_ms(fn, reps: int) -> float:
+def event_ms(fn, reps: int) -> float:
+    """Mean time of `reps` calls of `fn` after one warm-up call, by CUDA events, in ms."""
     import torch
 
     fn()
@@ -216,7 +209,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 - a candidate may not run here; say so and go on
                 res["ms"][name] = f"failed: {type(e).__name__}: {str(e)[:200]}"
             print(name, res["ms"][name], flush=True)
-        res["ms"]["step_sampled_eager"] = eager_ms(
+        res["ms"]["step_sampled_eager"] = event_ms(
             lambda: one_step(engine, st, RolloutSampling(temperature=1.0), args.position), 10)
         res["kernels"] = kernel_table(engine, st, RolloutSampling(temperature=1.0))
     print(res["kernels"])

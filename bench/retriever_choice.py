@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -38,12 +39,12 @@ def run_kind(args: argparse.Namespace, kind: str) -> dict:
 
 
 def _summary(predictions: Path) -> dict:
-    rows = [json.loads(line) for line in predictions.read_text(encoding="utf-8").splitlines() if line.strip()]
-    n = len(rows)
-    mean = lambda key: round(sum(float(r[key]) for r in rows) / n, 4)  # noqa: E731
-    secs = sorted(r["seconds"] for r in rows)
+    from dgpo_edge.jsonio import read_jsonl
+
+    rows = [r for _, r in read_jsonl(predictions)]
+    mean = lambda key: round(statistics.mean(float(r[key]) for r in rows), 4)  # noqa: E731
     return {"em": mean("em"), "hit": mean("hit"), "searches": mean("searches"),
-            "s_per_question_median": round(secs[n // 2], 3)}
+            "s_per_question_median": round(statistics.median(r["seconds"] for r in rows), 3)}
 
 
 def main() -> None:

@@ -81,8 +81,7 @@ def run(args: argparse.Namespace) -> None:
 def report(args: argparse.Namespace) -> None:
     rows = []
     for run_dir in sorted(args.work.glob("run-*")):
-        with open(run_dir / "metrics.csv", newline="") as f:
-            last = list(csv.DictReader(f))[-1]
+        last = _last_row(run_dir / "metrics.csv")
         summary = json.loads((run_dir / "summary.json").read_text())
         step = float(last["time_step_s"])
         rows.append({"run": run_dir.name, "processes": summary["processes"], "step_s": step,

@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 #: The rollout decoders: auto (fast where the architecture allows), fast (static cache, CUDA graphs), plain.
 DecoderChoice = Literal["auto", "fast", "plain"]
+#: The fast engine's attention over its static cache: fused SDPA, or two matmuls and a float32 softmax.
+AttentionChoice = Literal["sdpa", "matmul"]
 
 
 @dataclass(frozen=True)

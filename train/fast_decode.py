@@ -40,17 +40,18 @@ the plain engine token for token.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .decoding import (RolloutSampling, StopScanner, TurnOutput, left_pad, new_noise, pad_id_of, sample_next,
+from .decoding import (AttentionChoice, RolloutSampling, StopScanner, TurnOutput, left_pad, new_noise, pad_id_of, sample_next,
                        turn_generator)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 #: Attention over the static cache: PyTorch's fused SDPA with grouped KV heads, or two matmuls
 #: and a float32 softmax (the first version; 2.2x slower at batch 512, see bench/decode_profile.py).
-ATTENTION = ("sdpa", "matmul")
+ATTENTION = typing.get_args(AttentionChoice)
 #: The LM head: the model's own module, or a matmul with a [hidden, vocab] copy of its weight
 #: (cuBLAS picks a faster kernel for that layout on some cards; the copy is refreshed each call).
 LM_HEADS = ("model", "transposed")
@@ -68,17 +69,16 @@ def fused_sampler() -> Any:
     # dynamic=None: the first new batch size recompiles once with a symbolic batch dimension, which then
     # serves every power-of-two bucket a run meets (a static compile per size would hit dynamo's
     # recompile limit within one multi-turn rollout and fall back to eager).
-    compiled = torch.compile(sample_next, dynamic=None)
-    use = [compiled]
+    use = torch.compile(sample_next, dynamic=None)
 
     def sample(logits: Any, sampling: RolloutSampling, noise: Any | None = None) -> tuple[Any, Any]:
-        try:
-            return use[0](logits, sampling, noise)
-        except Exception:  # noqa: BLE001 - compiling is an optimisation only
-            if use[0] is sample_next:
-                raise
-            use[0] = sample_next
-            return sample_next(logits, sampling, noise)
+        nonlocal use
+        if use is not sample_next:
+            try:
+                return use(logits, sampling, noise)
+            except Exception:  # noqa: BLE001 - compiling is an optimisation only
+                use = sample_next
+        return sample_next(logits, sampling, noise)
 
     return sample
 
@@ -139,8 +139,8 @@ class FastDecoder:
 
     def __init__(self, model: Any, tokenizer: Any, stop_strings: Sequence[str], eos_ids: Iterable[int],
                  check_every: int = 32, cuda_graphs: bool | None = None, length_bucket: int | None = None,
-                 prefill_elements: int = 1 << 26, attention: str = "sdpa", fused_sampling: bool | None = None,
-                 lm_head: str = "model"):
+                 prefill_elements: int = 1 << 26, attention: AttentionChoice = "sdpa",
+                 fused_sampling: bool | None = None, lm_head: str = "model"):
         if not supports(model):
             raise ValueError(f"the fast engine supports {', '.join(SUPPORTED_MODEL_TYPES)} models "
                              f"without sliding-window attention; use engine='plain'")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from .. import protocol
 from ..episode import Episode
@@ -33,7 +33,7 @@ from ..metrics import cover_exact_match, exact_match, f1_score
 from ..protocol import ProtocolConfig
 from ..retrieval.base import Retriever
 from ..transcript import Transcript, encoder_for
-from .decoding import DecoderChoice, PlainDecoder, RolloutSampling, model_eos_ids
+from .decoding import AttentionChoice, DecoderChoice, PlainDecoder, RolloutSampling, model_eos_ids
 
 ENGINES = typing.get_args(DecoderChoice)
 
@@ -62,8 +62,8 @@ class RolloutConfig:
     batch_size: int = 64
     engine: DecoderChoice = "auto"
     check_every: int = 32
-    attention: Literal["sdpa", "matmul"] = "sdpa"
-    fused_sampling: bool = True      # compiled sampling, on CUDA only
+    attention: AttentionChoice = "sdpa"
+    fused_sampling: bool = True      # compiled sampling where the engine runs on CUDA (False: eager)
     chat_template: bool = True
 
     def __post_init__(self) -> None:
@@ -123,10 +123,9 @@ def make_engine(model: Any, tokenizer: Any, config: RolloutConfig) -> Any:
 
     eos = model_eos_ids(model, tokenizer)
     if config.engine == "fast" or (config.engine == "auto" and fast_decode.supports(model)):
-        fused = config.fused_sampling and next(model.parameters()).device.type == "cuda"
         return fast_decode.FastDecoder(model, tokenizer, protocol.STOP_STRINGS, eos,
                                        check_every=config.check_every, attention=config.attention,
-                                       fused_sampling=fused)
+                                       fused_sampling=None if config.fused_sampling else False)
     return PlainDecoder(model, tokenizer, protocol.STOP_STRINGS, eos)
 
 

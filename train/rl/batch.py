@@ -31,11 +31,16 @@ class StepBatch:
 
     def rows(self, index: torch.Tensor) -> StepBatch:
         """The sub-batch of rows `index`, cut to its own longest row."""
-        # one column past the longest row: the terminal position of critic.value_mask=reference
-        width = min(int(self.attention_mask[index].sum(1).max()) + 1, self.input_ids.shape[1])
+        width = cut_width(self.attention_mask, index)
         cut = lambda t: t[index, :width]  # noqa: E731
         return StepBatch(cut(self.input_ids), cut(self.attention_mask), cut(self.mask), cut(self.sample_logp),
                          self.scores[index], self.groups[index])
+
+
+def cut_width(attention_mask: torch.Tensor, index: torch.Tensor) -> int:
+    """Columns `StepBatch.rows` keeps for the rows `index`: one past the longest row (the terminal
+    position of critic.value_mask=reference), within the batch's width."""
+    return min(int(attention_mask[index].sum(1).max()) + 1, attention_mask.shape[1])
 
 
 def by_length(index: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -49,12 +54,7 @@ def by_length(index: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor
 def computed_positions(index: torch.Tensor, attention_mask: torch.Tensor, size: int) -> int:
     """Positions a pass over micro-batches of `size` rows of `index`, each cut to its longest row
     (plus the one terminal column `StepBatch.rows` keeps), computes: the cost bucketing lowers."""
-    lengths = attention_mask[index].sum(1)
-    total = 0
-    for i in range(0, len(index), size):
-        part = lengths[i:i + size]
-        total += len(part) * min(int(part.max()) + 1, attention_mask.shape[1])
-    return total
+    return sum(len(part) * cut_width(attention_mask, part) for part in index.split(size))
 
 
 def pack(rollouts: Sequence[Rollout], groups: Sequence[int], pad_id: int, device: Any) -> StepBatch:

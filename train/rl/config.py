@@ -21,7 +21,7 @@ from typing import Literal
 from dgpo_edge.protocol import ProtocolConfig
 
 from ..config import EvalSection, LogSection, LoRASection, ModelSection, RunSection, Schedule
-from ..decoding import DecoderChoice
+from ..decoding import AttentionChoice, DecoderChoice
 
 # The episode limits that moved from `rollout` into the `protocol` section (read with a warning).
 PROTOCOL_KEYS = ("top_k", "max_searches", "max_turn_tokens", "max_obs_tokens", "max_total_tokens")
@@ -55,7 +55,7 @@ class RolloutSection:
     weights: Literal["auto", "bf16_copy", "training"] = "auto"
     # The fast engine's kernels: fused SDPA or the two-matmul attention; sampling compiled by
     # torch.compile (on CUDA) or eager. The defaults are the faster ones (docs/benchmarks.md).
-    attention: Literal["sdpa", "matmul"] = "sdpa"
+    attention: AttentionChoice = "sdpa"
     fused_sampling: bool = True
 
 
