@@ -161,3 +161,34 @@ def test_save_checkpoint_writes_the_merged_model_and_the_adapter(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=ids).logits, model.eval()(input_ids=ids).logits,
                                    rtol=0, atol=1e-4)
+
+
+def test_model_merge_rebuilds_the_runs_merged_checkpoint(toy, tmp_path):
+    """`dgpo-edge model merge BASE --adapter A --out D` gives the LoRA run's own merged weights,
+    with the adapter kept beside them (what RL starts from when it starts from a shipped student)."""
+    from dgpo_edge.train.models import load_checkpoint
+
+    run = _sft(toy, tmp_path, lora={**LORA, "train_norms": True}, max_steps=3)
+    last = run / "checkpoints" / "last"
+    result = invoke("model", "merge", toy["student"], "--adapter", last / "adapter", "--out", tmp_path / "merged")
+    assert result.exit_code == 0, result.output
+    merged, tokenizer = load_checkpoint(tmp_path / "merged")
+    expected = load_checkpoint(last)[0]
+    assert tokenizer is not None and (tmp_path / "merged" / "adapter" / "adapter_config.json").is_file()
+    ids = torch.tensor([[1, 50, 400, 2000, 7, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected(input_ids=ids).logits, rtol=0, atol=1e-4)
+        assert not torch.allclose(merged(input_ids=ids).logits, _base(toy)(input_ids=ids).logits, atol=1e-3)
+
+
+def test_model_merge_refuses_an_adapter_of_another_depth(toy, tmp_path):
+    """The toy teacher has 3 layers, the student 2: the student's adapter leaves a layer of the
+    teacher without weights, and a 1-layer base has no place for the adapter's second layer."""
+    from dgpo_edge.train.models import prune_checkpoint
+
+    adapter = _sft(toy, tmp_path, max_steps=1) / "checkpoints" / "last" / "adapter"
+    one_layer, _ = prune_checkpoint(toy["student"], tmp_path / "one-layer", layers=[0])
+    for base, needle in ((toy["teacher"], "are not in it"), (one_layer, "have no place in it")):
+        result = invoke("model", "merge", base, "--adapter", adapter, "--out", tmp_path / "merged")
+        assert_one_line_error(result, "adapter does not fit", needle, "adapter")
+        assert not (tmp_path / "merged").exists()

