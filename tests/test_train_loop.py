@@ -172,3 +172,18 @@ def test_dev_em_hook_keeps_best_and_last(toy, tmp_path):
     best = tmp_path / "run" / "checkpoints" / "best"
     assert json.loads((best / "dgpo_edge.json").read_text())["step"] == 0
     assert (best / "model.safetensors").is_file() and (best / "tokenizer.json").is_file()
+
+
+def test_one_process_can_train_in_fp32_then_bf16():
+    # accelerate refuses a second mixed precision in one process; runs trained in turn (a notebook,
+    # a sweep, these tests before a GPU test) must still get the precision they ask for.
+    from types import SimpleNamespace
+
+    from dgpo_edge.train.plumbing import make_accelerator
+
+    def config(precision):
+        return SimpleNamespace(run=SimpleNamespace(precision=precision), optim=SimpleNamespace(grad_accum=1))
+
+    assert make_accelerator(config("fp32")).mixed_precision == "no"
+    assert make_accelerator(config("bf16")).mixed_precision == "bf16"
+    assert make_accelerator(config("fp32")).mixed_precision == "no"

@@ -53,8 +53,20 @@ def make_accelerator(config: Any, *, deepspeed_plugins: dict | None = None, accu
     # RL steps accumulate micro-batches themselves (no optim.grad_accum there).
     if accumulate is None:
         accumulate = getattr(config.optim, "grad_accum", 1)
+    mixed = "bf16" if precision == "bf16" else "no"
+    _forget_other_precision(mixed)
     return Accelerator(gradient_accumulation_steps=accumulate, cpu=not (torch.cuda.is_available() or deepspeed),
-                       mixed_precision="bf16" if precision == "bf16" else "no", deepspeed_plugins=deepspeed_plugins)
+                       mixed_precision=mixed, deepspeed_plugins=deepspeed_plugins)
+
+
+def _forget_other_precision(mixed: str) -> None:
+    """accelerate keeps one AcceleratorState per process and refuses a second mixed precision, so a
+    process that trains runs in turn (a notebook, a sweep, the tests) could not go from fp32 to
+    bf16. The precision part is dropped; the process group (PartialState) is kept."""
+    from accelerate.state import AcceleratorState
+
+    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed:
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def zero_stage(accelerator: Any) -> int | None:
