@@ -14,8 +14,9 @@ length-bucketed micro-batches have no switch), then the JSON of bench/results/rl
     python bench/rl_cost.py run --steps 2 --variant before --tag before
     python bench/rl_cost.py run --steps 2 --variant after --tag after
     python bench/rollout.py --tokenizer device/qwen2 --batch 512 --skip-generate --out rollout-b512.json
-    python bench/rl_cost.py speed --rollout-json rollout-b512.json --factbook-metrics runs/dgpo/metrics.csv \
-        --card "NVIDIA H100 80GB HBM3" --out bench/results/rl_speed.json
+    python bench/rollout.py --tokenizer device/qwen2 --batch 256 --skip-generate --out rollout-b256.json
+    python bench/rl_cost.py speed --rollout-json rollout-b512.json --standalone-json rollout-b256.json \
+        --factbook-metrics runs/dgpo/metrics.csv --card "NVIDIA H200" --out bench/results/rl_speed.json
 
 Random weights never answer, so every rollout fails (the teacher term applies to all of them:
 the worst case for its cost) and every turn runs to its 500-token budget: 4 turns with feedback
@@ -106,23 +107,36 @@ def _last_row(metrics: Path) -> dict:
 
 
 def speed(args: argparse.Namespace) -> None:
-    """bench/results/rl_speed.json from the before/after runs, a bench/rollout.py JSON and a
-    FactbookQA DGPO run's metrics.csv (each step's last row)."""
+    """bench/results/rl_speed.json from the before/after runs, bench/rollout.py JSONs (at batch 512,
+    and at the RL run's own rollout batch for the in-RL ratio) and a FactbookQA DGPO run's
+    metrics.csv (median step time over its steps after the first, which captures the CUDA graphs)."""
+    import statistics
     import subprocess
 
     before, after = (_last_row(args.work / f"run-{t}" / "metrics.csv") for t in ("before", "after"))
-    rollout = json.loads(args.rollout_json.read_text())
-    engine = rollout["qwen2.5-0.5b"]
+    b512 = json.loads(args.rollout_json.read_text())
+    same_batch = json.loads((args.standalone_json or args.rollout_json).read_text())
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                           cwd=ROOT).stdout.strip()
+    in_rl = float(after["rollout_tokens_per_s"])
+    standalone = same_batch["qwen2.5-0.5b"]["fast_sampled"]["tokens_per_s"]
+    factbook = None
+    if args.factbook_metrics:
+        with open(args.factbook_metrics, newline="") as f:
+            steps = [float(r["time_step_s"]) for r in csv.DictReader(f)][1:]
+        factbook = statistics.median(steps) if steps else None
     result = {
         "card": args.card,
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                 cwd=ROOT).stdout.strip(),
+        "commit": commit,
         "paper_step_s_before": float(before["time_step_s"]),
         "paper_step_s_after": float(after["time_step_s"]),
-        "rollout_tok_s_in_rl": float(after["rollout_tokens_per_s"]),
-        "engine_tok_s_standalone": engine["fast_sampled"]["tokens_per_s"],
-        "engine_b512_sampled_tok_s": engine["fast_sampled"]["tokens_per_s"] if rollout["batch"] == 512 else None,
-        "factbook_step_s": float(_last_row(args.factbook_metrics)["time_step_s"]) if args.factbook_metrics else None,
+        "rollout_tok_s_in_rl": in_rl,
+        "engine_tok_s_standalone": standalone,
+        "engine_standalone_batch": same_batch["batch"],
+        "rollout_in_rl_vs_standalone": round(in_rl / standalone, 3),
+        "engine_b512_sampled_tok_s": b512["qwen2.5-0.5b"]["fast_sampled"]["tokens_per_s"] if b512["batch"] == 512 else None,
+        "engine_b512_sampled_tok_s_before": (b512["qwen2.5-0.5b"].get("fast_sampled_before") or {}).get("tokens_per_s"),
+        "factbook_step_s": factbook,
         "phases_before": {p: float(before[f"time_{p}_s"] or 0) for p in PHASES},
         "phases_after": {p: float(after[f"time_{p}_s"] or 0) for p in PHASES},
     }
@@ -144,7 +158,10 @@ def main() -> None:
     ap.add_argument("--tag", default="1gpu")
     ap.add_argument("--variant", choices=("before", "after"), default="after",
                     help="before: the first version's rollouts (training weights, matmul attention, eager sampling)")
-    ap.add_argument("--rollout-json", type=Path, help="speed: bench/rollout.py's output")
+    ap.add_argument("--rollout-json", type=Path, help="speed: bench/rollout.py's output at --batch 512")
+    ap.add_argument("--standalone-json", type=Path,
+                    help="speed: bench/rollout.py's output at the RL run's rollout batch (--batch-size; default: --rollout-json)")
+    ap.add_argument("--commit", default="", help="speed: the commit that ran (default: this checkout's HEAD)")
     ap.add_argument("--factbook-metrics", type=Path, help="speed: metrics.csv of a FactbookQA DGPO run")
     ap.add_argument("--card", default="", help="speed: the GPU, as nvidia-smi names it")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rl_speed.json")

@@ -8,7 +8,9 @@ Writes `{"card", "commit", "rows": [{"method", "seed", "split", "n", "em", "em_b
 "pairs": [...]}` and prints the markdown table (test split; dev beside it, since choices are
 made on dev). `--as RUN=METHOD[@SEED]` names an evaluated run; runs not named are left out.
 `--pair A:B` adds a paired bootstrap 95% interval of EM(A) - EM(B) on the same test questions
-(seed means per question when a method has several seeds).
+(seed means per question when a method has several seeds), and with `--per-seed` one more
+interval for each seed the two methods share (RL rows: the same prompts and steps per seed).
+A row's `rl_steps` (the RL steps of the evaluated checkpoint) is kept and shown.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dgpo_edge.jsonio import read_jsonl
 
 TYPES = ("fact", "bridge", "comparison", "neighbour", "neighbour_bridge")
 KEEP = ("n", "em", "f1", "em_by_type", "em_by_hops", "hit_ratio", "search_steps",
-        "invalid_action_rate", "params", "card", "commit", "model", "scores")
+        "invalid_action_rate", "params", "card", "commit", "model", "rl_steps", "scores")
 
 
 def load_rows(paths: list[str], names: dict[str, tuple[str, int]]) -> list[dict]:
@@ -49,9 +51,10 @@ def paired_bootstrap(a: list[float], b: list[float], n_boot: int = 10_000, seed:
     return {"diff": sum(diffs) / n, "lo": means[int(0.025 * n_boot)], "hi": means[int(0.975 * n_boot) - 1]}
 
 
-def per_question(rows: list[dict], method: str, split: str = "test") -> list[float]:
-    """Per-question EM of `method`, averaged over its seeds."""
-    runs = [r["scores"] for r in rows if r["method"] == method and r["split"] == split]
+def per_question(rows: list[dict], method: str, split: str = "test", seed: int | None = None) -> list[float]:
+    """Per-question EM of `method`, averaged over its seeds (or of one seed)."""
+    runs = [r["scores"] for r in rows if r["method"] == method and r["split"] == split
+            and (seed is None or r["seed"] == seed)]
     if not runs:
         raise SystemExit(f"error: no {split} rows for method {method!r}")
     return [sum(col) / len(col) for col in zip(*runs)]
@@ -61,7 +64,7 @@ def markdown(rows: list[dict]) -> str:
     groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         groups[r["method"]][r["split"]].append(r)
-    head = ("| method | seeds | params | dev EM | test EM | " + " | ".join(TYPES)
+    head = ("| method | seeds | RL steps | params | dev EM | test EM | " + " | ".join(TYPES)
             + " | 1-hop | 2-hop | hit ratio | search steps |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for method, splits in groups.items():
@@ -71,7 +74,8 @@ def markdown(rows: list[dict]) -> str:
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
         fmt = lambda rs, f: "–" if not rs else (  # noqa: E731
             f"{mean([f(r) for r in rs]):.3f}" + (f" ± {sd([f(r) for r in rs]):.3f}" if len(rs) > 1 else ""))
-        cells = [method, str(len(test)), f"{test[0].get('params', 0) / 1e6:.1f}M",
+        steps = "/".join(str(r["rl_steps"]) for r in test if "rl_steps" in r) or "–"
+        cells = [method, str(len(test)), steps, f"{test[0].get('params', 0) / 1e6:.1f}M",
                  fmt(dev, lambda r: r["em"]), fmt(test, lambda r: r["em"])]
         cells += [fmt(test, lambda r, t=t: r["em_by_type"].get(t, 0.0)) for t in TYPES]
         cells += [fmt(test, lambda r, h=h: r["em_by_hops"].get(h, 0.0)) for h in ("1", "2")]
@@ -90,6 +94,7 @@ def main() -> None:
     p.add_argument("rows", nargs="+")
     p.add_argument("--as", dest="names", action="append", default=[], metavar="RUN=METHOD[@SEED]")
     p.add_argument("--pair", action="append", default=[], metavar="A:B")
+    p.add_argument("--per-seed", action="store_true", help="also a paired interval per shared seed")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     names = {}
@@ -103,13 +108,19 @@ def main() -> None:
         a, _, b = spec.partition(":")
         pairs.append({"a": a, "b": b, "split": "test",
                       **paired_bootstrap(per_question(rows, a), per_question(rows, b))})
+        shared = sorted({r["seed"] for r in rows if r["method"] == a} & {r["seed"] for r in rows if r["method"] == b})
+        for seed in shared if args.per_seed and len(shared) > 1 else ():
+            pairs.append({"a": a, "b": b, "split": "test", "seed": seed,
+                          **paired_bootstrap(per_question(rows, a, seed=seed), per_question(rows, b, seed=seed))})
     cards = sorted({r.get("card", "") for r in rows})
     commits = sorted({r.get("commit", "") for r in rows})
     doc = {"card": ", ".join(cards), "commit": ", ".join(commits), "rows": rows, "pairs": pairs}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(markdown(rows))
     for pr in pairs:
-        print(f"\n{pr['a']} - {pr['b']} on test: {pr['diff']:+.3f} (95% paired bootstrap {pr['lo']:+.3f} .. {pr['hi']:+.3f})")
+        which = f" (seed {pr['seed']})" if "seed" in pr else ""
+        print(f"\n{pr['a']} - {pr['b']} on test{which}: {pr['diff']:+.3f} "
+              f"(95% paired bootstrap {pr['lo']:+.3f} .. {pr['hi']:+.3f})")
 
 
 if __name__ == "__main__":
