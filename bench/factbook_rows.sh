@@ -9,6 +9,8 @@
 #   bench/factbook_rows.sh teacher                # the SFT teacher (train/configs/factbook-teacher-sft.yaml)
 #   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run: out/runs/rl-METHOD-sSEED
 #   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of finished runs (bench/factbook_eval.py)
+#   bench/factbook_rows.sh pack NAME [QUANT]      # a run's student as GGUF (q8_0) in 15 MiB pieces + sha256
+#   bench/factbook_rows.sh unpack DIR NAME [QUANT]   # here: the pieces joined and checked
 #
 # METHOD: ppo | dgpo | grpo | dgpo_all_rollouts | dgpo_no_cold_start. STEPS (default 200) sets the
 # run length; the rest of each run is train/configs/factbook-{dgpo,ppo}.yaml. The KD start is the
@@ -26,7 +28,7 @@ KD=out/models/factbook-kd-shipped
 BASE=out/models/smollm2-135m-15l
 TEACHER=out/runs/factbook-teacher-sft/checkpoints/last
 done_run() { [ -f "out/runs/$1/summary.json" ]; }
-stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|eval ...}; shift
+stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|eval|pack|unpack ...}; shift
 
 case $stage in
 start)
@@ -72,5 +74,14 @@ eval)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
   "$py" bench/factbook_eval.py --data out/factbookqa --out "$out" --splits "$splits" --card "$card" \
     --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || true)}" "${models[@]}" ;;
-*) echo "error: unknown stage $stage (start, teacher, row, eval)" >&2; exit 2 ;;
+pack)  # what the laptop needs, in pieces a device call can return (at most 8 files of 16 MiB)
+  name=${1:?NAME}; quant=${2:-q8_0}; file=$name.$quant.gguf
+  case $name in kd) src=$KD ;; teacher) src=$TEACHER ;; *) src=out/runs/$name/checkpoints/last ;; esac
+  mkdir -p out/pack
+  "${de[@]}" export gguf "$src" --out "out/pack/$file" --quant "$quant" --no-verify
+  (cd out/pack && sha256sum "$file" > "$file.sha256" && split -b 15M -d "$file" "$file.part" && rm "$file" && ls -la) ;;
+unpack)
+  dir=${1:?DIR}; name=${2:?NAME}; quant=${3:-q8_0}; file=$name.$quant.gguf
+  cat "$dir/$file".part* > "$dir/$file" && (cd "$dir" && sha256sum -c "$file.sha256") ;;
+*) echo "error: unknown stage $stage (start, teacher, row, eval, pack, unpack)" >&2; exit 2 ;;
 esac
