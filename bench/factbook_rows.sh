@@ -13,7 +13,10 @@
 #   bench/factbook_rows.sh unpack DIR NAME [QUANT]   # here: the pieces joined and checked
 #
 # METHOD: ppo | dgpo | grpo | dgpo_all_rollouts | dgpo_no_cold_start. STEPS (default 200) sets the
-# run length; the rest of each run is train/configs/factbook-{dgpo,ppo}.yaml. The KD start is the
+# run length; the rest of each run is train/configs/factbook-{dgpo,ppo}.yaml. START=adapter trains
+# the shipped adapter itself (lora.init_from over the pruned base; the run is rl-METHOD-lora-sSEED
+# and its checkpoints/*/adapter is what the bundle ships); TAG=x appends -x to the run's name
+# (e.g. for learning-rate variants). The KD start is the
 # student the default bundle ships (dgpo_edge/bundle/shipped/adapter, trained by
 # train/configs/factbook-kd.yaml) merged into its base, so a lease spends no time on KD;
 # bench/factbook_rl.sh prep trains it from scratch instead.
@@ -44,9 +47,13 @@ teacher)
     model.path="$gguf" data.dev=null log.progress=false "$@" ;;
 row)
   method=${1:?METHOD}; seed=${2:?SEED}; shift 2
-  name=rl-$method-s$seed
+  start=(model.path=$KD); variant=
+  if [ "${START:-merged}" = adapter ]; then
+    start=(model.path=$BASE lora.init_from=dgpo_edge/bundle/shipped/adapter); variant=-lora
+  fi
+  name=rl-$method$variant${TAG:+-$TAG}-s$seed
   done_run "$name" && exit 0
-  common=(run.out_dir=out/runs/$name run.seed="$seed" model.path=$KD optim.steps="$STEPS"
+  common=(run.out_dir=out/runs/$name run.seed="$seed" "${start[@]}" optim.steps="$STEPS"
           eval.every=50 eval.batch_size=150 log.save_every=25 log.progress=false ppo.micro_batch=8)
   case $method in
     ppo)  "${de[@]}" train ppo --config train/configs/factbook-ppo.yaml "${common[@]}" "$@" ;;
@@ -58,7 +65,7 @@ row)
     dgpo_all_rollouts) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" \
             teacher.path=$TEACHER teacher.apply_to=all "$@" ;;
     dgpo_no_cold_start) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" \
-            teacher.path=$TEACHER model.path=$BASE "$@" ;;
+            teacher.path=$TEACHER model.path=$BASE lora.init_from=null "$@" ;;
     *) echo "error: unknown method $method (ppo, dgpo, grpo, dgpo_all_rollouts, dgpo_no_cold_start)" >&2; exit 2 ;;
   esac ;;
 eval)

@@ -192,3 +192,33 @@ def test_model_merge_refuses_an_adapter_of_another_depth(toy, tmp_path):
         result = invoke("model", "merge", base, "--adapter", adapter, "--out", tmp_path / "merged")
         assert_one_line_error(result, "adapter does not fit", needle, "adapter")
         assert not (tmp_path / "merged").exists()
+
+
+def test_sft_continues_a_saved_adapter(toy, tmp_path):
+    """lora.init_from: the second run starts from the first run's adapter (same rank, norms
+    trained) over the same base, so before it moves its model is the first run's merged model."""
+    from dgpo_edge.train.models import load_checkpoint
+
+    first = _sft(toy, tmp_path, name="first", lora={**LORA, "train_norms": True}, max_steps=3)
+    adapter = first / "checkpoints" / "last" / "adapter"
+    second = _sft(toy, tmp_path, name="second", lora={"init_from": str(adapter), "save_dtype": "f32"},
+                  max_steps=1, lr=1e-9)
+    saved = json.loads((second / "checkpoints" / "last" / "adapter" / "adapter_config.json").read_text())
+    assert saved["r"] == 4 and saved["lora_alpha"] == 8.0
+    assert (second / "checkpoints" / "last" / "adapter" / "norms.safetensors").is_file()
+    ids = torch.tensor([[1, 50, 400, 2000, 7, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(load_checkpoint(second / "checkpoints" / "last")[0](input_ids=ids).logits,
+                                   load_checkpoint(first / "checkpoints" / "last")[0](input_ids=ids).logits,
+                                   rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("lora, needle", [
+    ({}, "not an adapter folder"),
+    ({"r": 4}, "leave lora.r at 0"),
+])
+def test_lora_init_from_errors(toy, tmp_path, lora, needle):
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run", lora=lora)
+    assert_one_line_error(invoke("train", "sft", "--config", config, f"lora.init_from={tmp_path}"),
+                          "lora.init_from", needle)
+    assert not (tmp_path / "run").exists()

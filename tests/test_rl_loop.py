@@ -419,3 +419,38 @@ def test_head_rows_only_changes_the_pass_size():
     kl_cut = lm_full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=7)
     torch.testing.assert_close(kl_whole, kl_cut)
     assert bool((kl_whole[mask.bool()] > 0).all())
+
+
+def test_rl_continues_a_saved_adapter(toy, tmp_path):
+    # lora.init_from: the actor is model.path (the base) + the saved adapter, training on; the critic
+    # and the reference start from the same student, merged; checkpoints hold the continued adapter.
+    from dgpo_edge.train.config import LoRASection
+    from dgpo_edge.train.lora import apply_lora, merged_state_dict, save_adapter
+    from dgpo_edge.train.models import load_checkpoint
+    from dgpo_edge.train.rl.loop import RLTrainer
+
+    start = load_checkpoint(toy / "student")[0]
+    apply_lora(start, LoRASection(r=4, train_norms=True, save_dtype="f32"))
+    with torch.no_grad():
+        for name, param in start.named_parameters():
+            if "lora_B" in name or name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.05)
+    save_adapter(start, tmp_path / "adapter")
+    student = merged_state_dict(start)
+
+    out = tmp_path / "continued"
+    cfg = load_rl_config("ppo", write_rl_config(toy, out, teacher={"path": ""}, ppo={"kl_ref": 0.01},
+                                                lora={"init_from": str(tmp_path / "adapter")},
+                                                optim={"steps": 1, "lr": 1e-3}))
+    trainer = RLTrainer(cfg)
+    actor = merged_state_dict(trainer.lm)
+    assert all(torch.allclose(actor[k], v, atol=1e-6) for k, v in student.items())
+    critic = trainer.critic.state_dict()
+    body = {k.removeprefix("body."): v for k, v in critic.items()}
+    shared = [k for k in student if k.removeprefix("model.") in body]
+    assert shared and all(torch.allclose(body[k.removeprefix("model.")], student[k], atol=1e-6) for k in shared)
+    reference = trainer.reference.state_dict()
+    assert all(torch.allclose(reference[k].float(), v, atol=1e-6) for k, v in student.items())
+    trainer.train()
+    saved = json.loads((out / "checkpoints" / "last" / "adapter" / "adapter_config.json").read_text())
+    assert saved["r"] == 4 and (out / "checkpoints" / "last" / "adapter" / "norms.safetensors").is_file()

@@ -131,6 +131,14 @@ class LoRASection:
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # every linear layer
     train_norms: bool = False    # also train the RMSNorm weights
     save_dtype: Literal["bf16", "f16", "f32"] = "bf16"  # of the compact adapter in checkpoints/*/adapter
+    # Start from a saved adapter (a folder like checkpoints/best/adapter or the shipped student's)
+    # instead of fresh ones: its rank, alpha, targets and norms are used, so r stays 0 here.
+    # model.path is then the base that adapter was trained on.
+    init_from: str | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.r > 0 or bool(self.init_from)
 
 
 @dataclass
@@ -408,6 +416,11 @@ def validate_lora(lora: LoRASection, bad) -> None:
         bad("lora.dropout", "must be in [0, 1)")
     if lora.r and not lora.target_modules:
         bad("lora.target_modules", "must name at least one module")
+    if lora.init_from:
+        if lora.r:
+            bad("lora.init_from", "takes the rank, alpha and targets from the adapter: leave lora.r at 0")
+        elif not (Path(lora.init_from) / "adapter_config.json").is_file():
+            bad("lora.init_from", f"is not an adapter folder (no adapter_config.json in {lora.init_from})")
     unknown = sorted(set(lora.target_modules) - set(LORA_TARGETS))
     if unknown:  # the linear layers of the Llama / Qwen2 models trained here (lm_head is tied)
         bad("lora.target_modules", f"has no module named {', '.join(unknown)} (choose from {', '.join(LORA_TARGETS)})")

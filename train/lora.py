@@ -33,13 +33,16 @@ DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
 
 def enabled(section: Any) -> bool:
-    return section is not None and section.r > 0
+    return section is not None and (section.r > 0 or bool(getattr(section, "init_from", None)))
 
 
 def apply_lora(model: Any, section: Any) -> Any:
-    """Inject LoRA adapters per `section` (a no-op when lora.r is 0); only adapters (and norms) train."""
+    """Inject LoRA adapters per `section` (a no-op when lora.r is 0), fresh or loaded from
+    `lora.init_from`; only adapters (and norms) train."""
     if not enabled(section):
         return model
+    if getattr(section, "init_from", None):
+        return load_adapter(model, section.init_from, save_dtype=section.save_dtype)
     from peft import LoraConfig, inject_adapter_in_model
 
     config = LoraConfig(r=section.r, lora_alpha=section.alpha or section.r, lora_dropout=section.dropout,
@@ -153,8 +156,9 @@ def save_adapter(model: Any, folder: Path) -> None:
     config.save_pretrained(str(folder))
 
 
-def load_adapter(model: Any, folder: str | Path) -> Any:
-    """Inject the adapter saved in `folder` into a base `model` and load its weights (and norms)."""
+def load_adapter(model: Any, folder: str | Path, save_dtype: str = "bf16") -> Any:
+    """Inject the adapter saved in `folder` into a base `model` and load its weights (and norms);
+    they train from there (`save_dtype`: of the adapters this model's checkpoints will save)."""
     import torch
     from safetensors.torch import load_file
 
@@ -167,7 +171,8 @@ def load_adapter(model: Any, folder: str | Path) -> Any:
     raw = json.loads(path.read_text())
     norms_file = folder / "norms.safetensors"
     section = LoRASection(r=int(raw["r"]), alpha=float(raw["lora_alpha"]), dropout=float(raw["lora_dropout"]),
-                          target_modules=sorted(raw["target_modules"]), train_norms=norms_file.is_file())
+                          target_modules=sorted(raw["target_modules"]), train_norms=norms_file.is_file(),
+                          save_dtype=save_dtype)
     apply_lora(model, section)
     params = dict(model.named_parameters())
     saved = {key.removeprefix(PEFT_PREFIX).replace(".weight", ".default.weight"): value
@@ -188,6 +193,22 @@ def load_adapter(model: Any, folder: str | Path) -> Any:
             for name, value in load_file(str(norms_file)).items():
                 params[name].copy_(value.to(params[name].dtype))
     return model
+
+
+def merged_copy(model: Any) -> Any:
+    """A plain (adapter-free) copy of a LoRA `model` holding its merged weights."""
+    import copy
+
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    plain = copy.deepcopy(model)
+    for name, module in list(plain.named_modules()):
+        if isinstance(module, BaseTunerLayer):  # put each adapted layer's base layer back in its place
+            parent, _, leaf = name.rpartition(".")
+            setattr(plain.get_submodule(parent) if parent else plain, leaf, module.get_base_layer())
+    plain.load_state_dict(merged_state_dict(model))
+    del plain._dgpo_lora
+    return plain
 
 
 def merge_adapter(base_dir: str | Path, adapter_dir: str | Path, out: str | Path) -> Path:

@@ -70,8 +70,8 @@ def check_zero3(config: Any, stage: int | None, processes: int) -> None:
     """
     if stage != 3:
         return
-    if config.lora.r:
-        raise InputError(f"lora.r={config.lora.r}: LoRA is not supported under DeepSpeed ZeRO-3 (checkpoints "
+    if config.lora.on:
+        raise InputError(f"lora.r={config.lora.r}, lora.init_from={config.lora.init_from}: LoRA is not supported under DeepSpeed ZeRO-3 (checkpoints "
                          "merge the adapters into whole weights); use DDP or ZeRO-2")
     if config.chunk_size:
         raise InputError(f"chunk_size={config.chunk_size}: the chunked loss cannot read the sharded LM head "

@@ -33,6 +33,7 @@ Metrics per step go to metrics.csv and TensorBoard; dev EM to eval.csv.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -145,7 +146,7 @@ class RLTrainer:
         self.retriever = open_retriever(self.config.data.retriever)
 
     def _load_models(self) -> None:
-        from ..lora import apply_lora
+        from ..lora import apply_lora, merged_copy
 
         c = self.config
         torch.manual_seed(c.run.seed)
@@ -154,16 +155,24 @@ class RLTrainer:
             actor.gradient_checkpointing_enable()
         self.pad_id = self.tokenizer.pad_token_id
         device = self.acc.device
+        # The starting student. With lora.init_from, model.path is the adapter's base, so the
+        # student is base + adapter, merged into a plain model for the critic and the reference.
+        student = merged_copy(apply_lora(actor, c.lora)) if c.lora.init_from else actor
         self.critic = None
         if c.uses_critic:  # a second copy of the student (same seed for a random init)
-            body, _ = load_lm(c.critic.path or c.model.path, c.model.tokenizer, c.model.random_init, c.run.seed)
+            if c.lora.init_from and not c.critic.path:
+                body = copy.deepcopy(student)
+            else:
+                body, _ = load_lm(c.critic.path or c.model.path, c.model.tokenizer, c.model.random_init, c.run.seed)
             if c.model.gradient_checkpointing:
                 body.gradient_checkpointing_enable()
             self.critic = make_critic(body)
         self.reference = None
         if c.ppo.kl_ref > 0:  # the starting student, frozen: a copy, not a second load from disk
-            self.reference = _frozen_copy(actor, device, self.bf16)
-        apply_lora(actor, c.lora)  # after the copy: the reference has no adapters
+            self.reference = _frozen_copy(student, device, self.bf16)
+        if not c.lora.init_from:
+            apply_lora(actor, c.lora)  # after the copy: the reference has no adapters
+        del student
         self.teacher = None
         if c.uses_teacher:  # the cheap tokenizer check before the weights
             check_same_tokenizer(self.tokenizer, load_tokenizer(c.teacher.path), c.teacher.path)
@@ -585,8 +594,6 @@ class RLTrainer:
 
 
 def _frozen_copy(model: Any, device: Any, bf16: bool) -> Any:
-    import copy
-
     ref = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16 if bf16 else torch.float32)
     ref.requires_grad_(False)
     return ref.eval()
