@@ -11,9 +11,12 @@ laptop.
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from .protocol import Passage
 
@@ -69,16 +72,54 @@ def search(db: sqlite3.Connection, name: str, query: str, k: int,
 
 
 class BM25Index:
-    """An in-memory index over passages (no file to build); `search` returns Passages."""
+    """An in-memory index over passages (no file to build); `search` returns Passages.
 
-    def __init__(self, passages: Iterable[Passage], title_weight: float = TITLE_WEIGHT):
+    `search_many` answers a batch of queries (a rollout round's searches) on several threads,
+    each with its own copy of the in-memory database (SQLite runs a query without the GIL, but
+    one connection runs one query at a time); repeated queries are answered once.
+    """
+
+    def __init__(self, passages: Iterable[Passage], title_weight: float = TITLE_WEIGHT,
+                 threads: int | None = None):
         self.title_weight = title_weight
         self._passages = list(passages)
         self._db = sqlite3.connect(":memory:")
         create_table(self._db, "p")
         insert(self._db, "p", enumerate(self._passages))
+        self._db.commit()  # serialize() copies committed pages only
+        self.threads = threads if threads is not None else min(8, os.cpu_count() or 1)
+        self._image: bytes | None = None
+        self._local = threading.local()
+        self._pool: ThreadPoolExecutor | None = None
 
     def search(self, query: str, k: int = 3) -> list[Passage]:
         """Top-k passages for the words of `query`, scored."""
+        return self._search(self._db, query, k)
+
+    def search_many(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
+        """`search` for each query, in order; the same results, on `threads` threads."""
+        unique = list(dict.fromkeys(queries))
+        if self.threads < 2 or len(unique) < 2 * self.threads:
+            found = {q: self.search(q, k) for q in unique}
+        else:
+            if self._pool is None:
+                self._image = self._db.serialize()
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bm25")
+            found = dict(zip(unique, self._pool.map(lambda q: self._search(self._thread_db(), q, k), unique)))
+        return [list(found[q]) for q in queries]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def _search(self, db: sqlite3.Connection, query: str, k: int) -> list[Passage]:
         return [Passage(self._passages[row].id, self._passages[row].contents, score)
-                for row, score in search(self._db, "p", query, k, self.title_weight)]
+                for row, score in search(db, "p", query, k, self.title_weight)]
+
+    def _thread_db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:  # this thread's own copy of the index (a few MB for FactbookQA)
+            db = self._local.db = sqlite3.connect(":memory:", check_same_thread=False)
+            db.deserialize(self._image)
+        return db

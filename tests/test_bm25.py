@@ -94,3 +94,17 @@ def test_ties_are_broken_by_row():
     assert [row for row, _ in fts.search(db, "t", "twin", 5)] == [2, 7]
     assert fts.match_expression("a a_b, A") == '"a" OR "a" OR "b" OR "A"'
     assert fts.match_expression("__ ?") is None
+
+
+def test_a_batch_of_searches_on_threads_equals_one_by_one(factbook):
+    # A rollout round's searches go through search_many: per-thread copies of the in-memory
+    # index must rank exactly as the index itself, repeated queries included.
+    index = BM25Index(list(factbook[1].iter_passages()), threads=3)
+    titles = sorted({p.title.rpartition(" — ")[0] for p in factbook[1].iter_passages()})
+    queries = [f"{name} {fact}" for name in titles[::11] for fact in FACT_WORDS] + ODD_QUERIES
+    queries += queries[:7]   # repeats are answered once and returned for each asker
+    assert len(set(queries)) >= 2 * index.threads   # the threaded path, not the small-batch one
+    one_by_one = [index.search(q, 5) for q in queries]
+    assert index.search_many(queries, 5) == one_by_one
+    assert index._pool is not None and index.search_many(queries[:3], 5) == one_by_one[:3]
+    index.close()

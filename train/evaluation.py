@@ -32,7 +32,10 @@ class CorpusBM25(Retriever):
         self.index = BM25Index(passages)
 
     def search(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
-        return [self.index.search(q, k=k) for q in queries]
+        return self.index.search_many(queries, k=k)
+
+    def close(self) -> None:
+        self.index.close()
 
 
 def open_retriever(spec: str) -> Retriever:

@@ -46,6 +46,7 @@ EXAMPLES: dict[str, list[str]] = {
                       "--top-k 3 --max-searches 4"],
     "model from-gguf": ["dgpo-edge model from-gguf SmolLM2-135M-Instruct.gguf --out out/smollm2 --as qwen2"],
     "model prune": ["dgpo-edge model prune out/teacher --out out/student --keep-layers 12"],
+    "model merge": ["dgpo-edge model merge out/student --adapter out/runs/kd/checkpoints/best/adapter --out out/student-kd"],
     "bundle info": ["dgpo-edge bundle info --json", "dgpo-edge bundle info my-bundle"],
     "bundle verify": ["dgpo-edge bundle verify my-bundle --json"],
 }
