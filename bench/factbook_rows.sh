@@ -8,7 +8,7 @@
 #   bench/factbook_rows.sh start                  # data, the pruned base, the KD start (the shipped adapter merged)
 #   bench/factbook_rows.sh teacher                # the SFT teacher (train/configs/factbook-teacher-sft.yaml)
 #   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run: out/runs/rl-METHOD-sSEED
-#   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of finished runs (bench/factbook_eval.py)
+#   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of runs (bench/factbook_eval.py; LIMIT=N: first N)
 #   bench/factbook_rows.sh pack NAME [QUANT]      # a run's student as GGUF (q8_0) in 15 MiB pieces + sha256
 #   bench/factbook_rows.sh unpack DIR NAME [QUANT]   # here: the pieces joined and checked
 #
@@ -79,7 +79,7 @@ eval)
     esac
   done
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
-  "$py" bench/factbook_eval.py --data out/factbookqa --out "$out" --splits "$splits" --card "$card" \
+  "$py" bench/factbook_eval.py --data out/factbookqa --out "$out" --splits "$splits" --card "$card" ${LIMIT:+--limit "$LIMIT"} \
     --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || true)}" "${models[@]}" ;;
 pack)  # what the laptop needs, in pieces a device call can return (at most 8 files of 16 MiB)
   name=${1:?NAME}; quant=${2:-q8_0}; file=$name.$quant.gguf

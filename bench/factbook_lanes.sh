@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# FactbookQA RL rows side by side on the GPUs of one machine, until a deadline, then test EM:
+# the whole of bench/factbook_rows.sh in one command, for one lease.
+#
+#   bench/factbook_lanes.sh MINUTES LANE [LANE...]
+#   bench/factbook_lanes.sh 20 "0=dgpo:0,ppo:0,dgpo:1,ppo:1" "1=dgpo:2,ppo:2,grpo:0"
+#
+# A LANE is GPU=METHOD:SEED[,METHOD:SEED...]: the rows of a lane run at once on that GPU (small
+# students leave most of a card idle; four FactbookQA runs on one H200 gave 2.1x the steps of
+# one). MINUTES counts from now; every row is stopped then (each resumes from its last checkpoint
+# if the command is run again on the same machine), and every run with a checkpoint is evaluated
+# on the test split, the runs shared out over the lanes' GPUs: out/eval/lanes-test.jsonl.
+# First, unless SKIP_PREP=1: `start`, then `teacher` on the first lane's GPU.
+# START, TAG and STEPS pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides to every
+# row (e.g. "optim.lr=1e-4"); LIMIT evaluates only the first N test questions.
+# Logs: out/logs/lanes-*.log and out/logs/rl-*.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+minutes=${1:?usage: bench/factbook_lanes.sh MINUTES GPU=METHOD:SEED[,...] ...}; shift
+[ $# -gt 0 ] || { echo "error: give at least one lane, e.g. 0=dgpo:0,ppo:0" >&2; exit 2; }
+deadline=$(( $(date +%s) + minutes * 60 ))
+left() { echo $(( deadline - $(date +%s) )); }
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a out/logs/lanes.log; }
+rows=bench/factbook_rows.sh
+mkdir -p out/logs out/eval
+gpus=()
+for lane in "$@"; do
+  [[ $lane =~ ^[0-9]+=[a-z_]+:[0-9]+(,[a-z_]+:[0-9]+)*$ ]] || { echo "error: bad lane '$lane' (GPU=METHOD:SEED,...)" >&2; exit 2; }
+  gpus+=("${lane%%=*}")
+done
+
+if [ "${SKIP_PREP:-0}" != 1 ]; then
+  log "start"; bash $rows start > out/logs/lanes-start.log 2>&1 || { log "start failed (out/logs/lanes-start.log)"; exit 1; }
+  log "teacher"; CUDA_VISIBLE_DEVICES=${gpus[0]} bash $rows teacher > out/logs/lanes-teacher.log 2>&1 \
+    || { log "teacher failed (out/logs/lanes-teacher.log)"; exit 1; }
+fi
+
+run_row() {  # GPU METHOD SEED
+  local l; l=$(left)
+  [ "$l" -gt 60 ] || { log "skip $2 s$3: $l s left"; return; }
+  log "gpu $1: $2 s$3 for up to $l s"
+  # shellcheck disable=SC2086 # ROW_ARGS is a list of overrides
+  CUDA_VISIBLE_DEVICES=$1 timeout --signal=TERM "$l" bash $rows row "$2" "$3" ${ROW_ARGS:-} > "out/logs/rl-$2-s$3.log" 2>&1
+  log "gpu $1: $2 s$3 ended (status $?)"
+}
+for lane in "$@"; do
+  gpu=${lane%%=*}
+  IFS=, read -ra specs <<< "${lane#*=}"
+  for spec in "${specs[@]}"; do run_row "$gpu" "${spec%%:*}" "${spec##*:}" & done
+done
+wait
+
+# Test EM of every run that left a checkpoint (and the KD start and the teacher), over the GPUs.
+names=(kd teacher)
+for d in out/runs/rl-*/checkpoints/last; do [ -d "$d" ] && names+=("$(basename "$(dirname "$(dirname "$d")")")"); done
+log "evaluating ${names[*]}"
+for i in "${!gpus[@]}"; do
+  share=()
+  for j in "${!names[@]}"; do (( j % ${#gpus[@]} == i )) && share+=("${names[$j]}"); done
+  [ ${#share[@]} -gt 0 ] && CUDA_VISIBLE_DEVICES=${gpus[$i]} bash $rows eval out/eval/lanes-test.jsonl test "${share[@]}" \
+    > "out/logs/lanes-eval-$i.log" 2>&1 &
+done
+wait
+grep -h " EM " out/logs/lanes-eval-*.log | tee -a out/logs/lanes.log
