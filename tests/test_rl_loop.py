@@ -454,3 +454,13 @@ def test_rl_continues_a_saved_adapter(toy, tmp_path):
     trainer.train()
     saved = json.loads((out / "checkpoints" / "last" / "adapter" / "adapter_config.json").read_text())
     assert saved["r"] == 4 and (out / "checkpoints" / "last" / "adapter" / "norms.safetensors").is_file()
+
+
+def test_the_rollout_time_is_split_into_engine_and_search(toy, tmp_path):
+    # metrics.csv says where a rollout's time goes: the engine's calls, the searches, and (the
+    # rest) host work between turns - what the RL speed work needs to see on a GPU.
+    out = tmp_path / "timed"
+    run_rl(load_rl_config("ppo", write_rl_config(toy, out, teacher={"path": ""}, optim={"steps": 2})))
+    for r in rows(out, drop_timing=False):
+        rollout, decode, search = (float(r[f"time_{k}_s"]) for k in ("rollout", "rollout_decode", "rollout_search"))
+        assert 0 < decode <= rollout and 0 < search <= rollout - decode + 1e-3

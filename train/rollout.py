@@ -22,6 +22,8 @@ else; `engine="auto"` picks the fast one when it can.
 
 from __future__ import annotations
 
+import time
+
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -138,13 +140,16 @@ def render(question: str, tokenizer: Any, config: RolloutConfig) -> str:
 def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
                       golds: Sequence[Sequence[str]] | None, retriever: Retriever | None,
                       config: RolloutConfig = RolloutConfig(), engine: Any | None = None,
-                      on_batch: Any | None = None) -> list[Rollout]:
+                      on_batch: Any | None = None, timings: dict | None = None) -> list[Rollout]:
     """Play one episode per question, `config.batch_size` at a time; results in input order.
 
     `golds` (aliases per question) gives each rollout its EM score; None scores 0.
     `retriever` may be None only when `max_searches` is 0. Pass `engine` to
     reuse one decoder (and its captured graphs) across calls; `on_batch(n)` is
-    called after each batch of n episodes (progress bars).
+    called after each batch of n episodes (progress bars). `timings`, when given,
+    gains the seconds spent in the engine ("decode": prefill and decoding, the
+    tokens back on the host) and in the retriever ("search"); the rest of the
+    wall time is the host's own work between turns.
     """
     import torch
 
@@ -162,7 +167,7 @@ def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
             qs = questions[start:start + config.batch_size]
             gs = golds[start:start + config.batch_size] if golds is not None else [()] * len(qs)
             episodes = [Episode(q, render(q, tokenizer, config), encode, config.protocol) for q in qs]
-            _play(episodes, engine, tokenizer, retriever, config, generator)
+            _play(episodes, engine, tokenizer, retriever, config, generator, timings)
             out.extend(_result(e, tuple(g)) for e, g in zip(episodes, gs))
             if on_batch is not None:
                 on_batch(len(qs))
@@ -172,7 +177,7 @@ def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
 
 
 def _play(episodes: list[Episode], engine: Any, tokenizer: Any, retriever: Retriever | None,
-          config: RolloutConfig, generator: Any) -> None:
+          config: RolloutConfig, generator: Any, timings: dict | None = None) -> None:
     """Run one batch of episodes to the end, one turn of every running row per engine call.
 
     The episodes decide answer / final turn / search / invalid feedback and the budgets
@@ -184,14 +189,20 @@ def _play(episodes: list[Episode], engine: Any, tokenizer: Any, retriever: Retri
         rows = [(e, n) for e in episodes if not e.done and (n := e.turn_tokens()) > 0]
         if not rows:
             return
+        t0 = time.perf_counter()
         turns = engine.decode([e.ids for e, _ in rows], [n for _, n in rows], sampling, generator)
+        t1 = time.perf_counter()
         searching: list[tuple[Episode, str]] = []
         for (e, _), turn in zip(rows, turns):
             text = tokenizer.decode(turn.ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
             step = e.add_turn(text, turn.ids, turn.logprobs)
             if step.kind == "search":
                 searching.append((e, step.query))
+        t2 = time.perf_counter()
         _observe(searching, retriever, config.protocol.top_k)
+        if timings is not None:
+            timings["decode"] = timings.get("decode", 0.0) + t1 - t0
+            timings["search"] = timings.get("search", 0.0) + time.perf_counter() - t2
 
 
 def _observe(searching: list[tuple[Episode, str]], retriever: Retriever | None, top_k: int) -> None:

@@ -71,7 +71,7 @@ from ..plumbing import (
 RL_COLUMNS = ("step", "reward", "em", "answered", "response_length", "searches", "invalid_rate",
               "teacher_share", "kl_teacher", "kl_ref", "entropy", "policy_loss", "value_loss", "clip_frac",
               "approx_kl", "vf_clip_frac", "grad_norm", "critic_grad_norm", "lr", "critic_lr", "collapse",
-              "time_rollout_s", "time_logp_s", "time_critic_s", "time_teacher_s", "time_update_s",
+              "time_rollout_s", "time_rollout_decode_s", "time_rollout_search_s", "time_logp_s", "time_critic_s", "time_teacher_s", "time_update_s",
               "time_step_s", "rollout_tokens_per_s", "elapsed_s", "peak_mem_gb")
 
 
@@ -303,6 +303,8 @@ class RLTrainer:
         row.update({f"time_{k}_s": round(v, 3) for k, v in clock.laps.items()})
         row["time_step_s"] = round(sum(clock.laps.values()), 3)
         row["rollout_tokens_per_s"] = round(row.pop("_generated") / max(clock.laps["rollout"], 1e-9), 1)
+        # inside the rollout: the engine's calls and the searches (the rest is host work between turns)
+        row.update({f"time_rollout_{k}_s": round(v, 3) for k, v in self._rollout_timings.items()})
         self.state.rollouts += len(rollouts) * self.world
         return row
 
@@ -314,8 +316,10 @@ class RLTrainer:
         chosen = [self.examples[i] for i in picks for _ in range(n)]
         groups = [i for i in picks for _ in range(n)]
         config = replace(self.rollout_config, seed=step_seed(c.run.seed, step, self.rank))
+        self._rollout_timings = {"decode": 0.0, "search": 0.0}
         rollouts = generate_rollouts(self.rollout_lm, self.tokenizer, [e.question for e in chosen],
-                                     [tuple(e.answers) for e in chosen], self.retriever, config, engine=self.engine)
+                                     [tuple(e.answers) for e in chosen], self.retriever, config, engine=self.engine,
+                                     timings=self._rollout_timings)
         return pack(rollouts, groups, self.pad_id, self.acc.device), rollouts
 
     # -- 2. scoring and advantages ----------------------------------------------------------------
