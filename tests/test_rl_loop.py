@@ -451,7 +451,11 @@ def test_rl_continues_a_saved_adapter(toy, tmp_path):
     assert shared and all(torch.allclose(body[k.removeprefix("model.")], student[k], atol=1e-6) for k in shared)
     reference = trainer.reference.state_dict()
     assert all(torch.allclose(reference[k].float(), v, atol=1e-6) for k, v in student.items())
+    assert all(p.requires_grad for p in trainer.critic.parameters())   # the whole critic trains
+    before = {k: v.clone() for k, v in trainer.critic.state_dict().items()}
     trainer.train()
+    after = trainer.critic.state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in before if "layers.0.mlp" in k)
     saved = json.loads((out / "checkpoints" / "last" / "adapter" / "adapter_config.json").read_text())
     assert saved["r"] == 4 and (out / "checkpoints" / "last" / "adapter" / "norms.safetensors").is_file()
 

@@ -207,6 +207,7 @@ def merged_copy(model: Any) -> Any:
             parent, _, leaf = name.rpartition(".")
             setattr(plain.get_submodule(parent) if parent else plain, leaf, module.get_base_layer())
     plain.load_state_dict(merged_state_dict(model))
+    plain.requires_grad_(True)  # the adapters froze the base weights; a copy trains (or is frozen) as a whole
     del plain._dgpo_lora
     return plain
 

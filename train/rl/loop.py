@@ -71,8 +71,8 @@ from ..plumbing import (
 RL_COLUMNS = ("step", "reward", "em", "answered", "response_length", "searches", "invalid_rate",
               "teacher_share", "kl_teacher", "kl_ref", "entropy", "policy_loss", "value_loss", "clip_frac",
               "approx_kl", "vf_clip_frac", "grad_norm", "critic_grad_norm", "lr", "critic_lr", "collapse",
-              "time_rollout_s", "time_rollout_decode_s", "time_rollout_search_s", "time_logp_s", "time_critic_s", "time_teacher_s", "time_update_s",
-              "time_step_s", "rollout_tokens_per_s", "elapsed_s", "peak_mem_gb")
+              "time_rollout_s", "time_rollout_decode_s", "time_rollout_search_s", "time_logp_s", "time_critic_s",
+              "time_teacher_s", "time_update_s", "time_step_s", "rollout_tokens_per_s", "elapsed_s", "peak_mem_gb")
 
 
 @dataclass
