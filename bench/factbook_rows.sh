@@ -31,6 +31,7 @@ KD=out/models/factbook-kd-shipped
 BASE=out/models/smollm2-135m-15l
 TEACHER=out/runs/factbook-teacher-sft/checkpoints/last
 done_run() { [ -f "out/runs/$1/summary.json" ]; }
+checkpoint() { case $1 in kd) echo $KD ;; teacher) echo $TEACHER ;; *) echo "out/runs/$1/checkpoints/last" ;; esac; }
 stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|eval|pack|unpack ...}; shift
 
 case $stage in
@@ -72,20 +73,17 @@ eval)
   out=${1:?OUT.jsonl}; splits=${2:?SPLITS}; shift 2
   models=()
   for name in "$@"; do
-    case $name in
-      kd) models+=(--model "kd=$KD") ;;
-      teacher) models+=(--model "teacher=$TEACHER") ;;
-      *) [ -d "out/runs/$name/checkpoints/last" ] && models+=(--model "$name=out/runs/$name/checkpoints/last") ;;
-    esac
+    dir=$(checkpoint "$name")
+    # a run may have stopped before its first checkpoint; the KD start and the teacher must exist
+    if [ -d "$dir" ] || [ "$name" = kd ] || [ "$name" = teacher ]; then models+=(--model "$name=$dir"); fi
   done
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
   "$py" bench/factbook_eval.py --data out/factbookqa --out "$out" --splits "$splits" --card "$card" ${LIMIT:+--limit "$LIMIT"} \
     --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || true)}" "${models[@]}" ;;
 pack)  # what the laptop needs, in pieces a device call can return (at most 8 files of 16 MiB)
   name=${1:?NAME}; quant=${2:-q8_0}; file=$name.$quant.gguf
-  case $name in kd) src=$KD ;; teacher) src=$TEACHER ;; *) src=out/runs/$name/checkpoints/last ;; esac
   mkdir -p out/pack
-  "${de[@]}" export gguf "$src" --out "out/pack/$file" --quant "$quant" --no-verify
+  "${de[@]}" export gguf "$(checkpoint "$name")" --out "out/pack/$file" --quant "$quant" --no-verify
   (cd out/pack && sha256sum "$file" > "$file.sha256" && split -b 15M -d "$file" "$file.part" && rm "$file" && ls -la) ;;
 unpack)
   dir=${1:?DIR}; name=${2:?NAME}; quant=${3:-q8_0}; file=$name.$quant.gguf

@@ -91,7 +91,8 @@ def report(args: argparse.Namespace) -> None:
                      "response_length": float(last["response_length"]),
                      "rollout_tokens_per_s": float(last["rollout_tokens_per_s"]),
                      "peak_mem_gb": summary["peak_mem_gb"]})
-    (args.work / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    result = {"card": args.card, "commit": args.commit, "rows": rows}
+    (args.work / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print("| run | processes | step (s) | rollout | old log-probs | critic | teacher | update | "
           "teacher share | generated tokens/rollout | rollout tokens/s | peak GPU memory (GiB) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -161,9 +162,9 @@ def main() -> None:
     ap.add_argument("--rollout-json", type=Path, help="speed: bench/rollout.py's output at --batch 512")
     ap.add_argument("--standalone-json", type=Path,
                     help="speed: bench/rollout.py's output at the RL run's rollout batch (--batch-size; default: --rollout-json)")
-    ap.add_argument("--commit", default="", help="speed: the commit that ran (default: this checkout's HEAD)")
+    ap.add_argument("--commit", default="", help="report, speed: the commit that ran (speed's default: this checkout's HEAD)")
     ap.add_argument("--factbook-metrics", type=Path, help="speed: metrics.csv of a FactbookQA DGPO run")
-    ap.add_argument("--card", default="", help="speed: the GPU, as nvidia-smi names it")
+    ap.add_argument("--card", default="", help="report, speed: the GPU, as nvidia-smi names it")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rl_speed.json")
     args = ap.parse_args()
     {"prepare": prepare, "run": run, "report": report, "speed": speed}[args.what](args)

@@ -218,6 +218,7 @@ def main() -> None:
     ap.add_argument("--skip-generate", action="store_true")
     ap.add_argument("--check-only", action="store_true", help="only the engine agreement check")
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--commit", default="", help="recorded in the results (the GPU machine's copy has no git)")
     args = ap.parse_args()
 
     import torch
@@ -226,7 +227,7 @@ def main() -> None:
 
     _import_train()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    results = {"card": torch.cuda.get_device_name(), "commit": args.commit, "torch": torch.__version__,
                "transformers": transformers.__version__, "batch": args.batch, "new_tokens": args.new_tokens}
     try:
         results["graph_check"] = graph_check(tokenizer)

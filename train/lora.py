@@ -33,7 +33,7 @@ DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
 
 def enabled(section: Any) -> bool:
-    return section is not None and (section.r > 0 or bool(getattr(section, "init_from", None)))
+    return section is not None and section.on
 
 
 def apply_lora(model: Any, section: Any) -> Any:
@@ -41,7 +41,7 @@ def apply_lora(model: Any, section: Any) -> Any:
     `lora.init_from`; only adapters (and norms) train."""
     if not enabled(section):
         return model
-    if getattr(section, "init_from", None):
+    if section.init_from:
         return load_adapter(model, section.init_from, save_dtype=section.save_dtype)
     from peft import LoraConfig, inject_adapter_in_model
 
