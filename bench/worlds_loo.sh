@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Leave one world out (issue 19), on one GPU: for each held-out world, mix the other worlds by weight
-# (`dgpo-edge data mix`), train the teacher (train/configs/worlds-teacher-sft.yaml), the KD student
-# (train/configs/worlds-kd.yaml) and, unless DGPO=0, DGPO from that KD student with that teacher
-# (train/configs/worlds-dgpo.yaml) on the mixture, then score them on the test split of every world in its
-# own folder (bench/factbook_eval.py: BM25 over that world's corpus) and collect the rows in
-# bench/results/worlds.json: {"card", "commit", "rows": [{"world", "trained_on", "held_out", "split",
-# "n", "em", "model", "mixture"}, ...]}. Finished stages are skipped on a rerun.
+# Leave one world out (issue 19). For each held-out world, one lane on its own GPU (lanes side by side,
+# GPU i for the i-th world): mix the other worlds by weight (`dgpo-edge data mix`), train the teacher
+# (train/configs/worlds-teacher-sft.yaml), the KD student (worlds-kd.yaml) and DGPO from that KD student
+# with that teacher (worlds-dgpo.yaml, cut after DGPO_MINUTES; its checkpoints/best is chosen on the
+# mixture's dev split), then score each model on the test split of every world in its own folder
+# (bench/factbook_eval.py: BM25 over that world's corpus), plus `notes-s1`: a notes world built with
+# seed 1, notes nobody trained on. The KD and teacher evaluations run beside DGPO on the same GPU.
+# bench/worlds_results.py then writes bench/results/worlds.json: {"card", "commit", "rows": [{"world",
+# "corpus", "trained_on", "held_out", "split", "n", "em", "model", "mixture"}, ...]}.
+# Finished stages and evaluations are skipped on a rerun; a cut DGPO run resumes from checkpoints/last.
 #
-#   bench/worlds_loo.sh                   # held out: notes, then elements (notes gets an in-mixture row)
-#   bench/worlds_loo.sh notes cities      # held out: these, one mixture each
+#   bench/worlds_loo.sh                   # held out: notes (GPU 0) and elements (GPU 1)
+#   bench/worlds_loo.sh notes cities      # held out: these
 #
 # WEIGHTS: relative weights of every world; the held-out one is dropped from its mixture.
-# OUT (out), WORLDS_DIR ($OUT/worlds), RESULTS (bench/results/worlds.json), MIX_ARGS (more `data mix`
-# options), SFT_ARGS / KD_ARGS / DGPO_ARGS (more key=value overrides), DGPO (0: no RL stage),
-# EVAL_LIMIT (first N test questions),
-# PREP_STUDENT (1: convert and prune the 15-layer student when absent), SMOL_GGUF, PYTHON.
+# DGPO_MINUTES (10; 0: no DGPO), OUT (out), WORLDS_DIR ($OUT/worlds), RESULTS
+# (bench/results/worlds.json), MIX_ARGS (more `data mix` options), SFT_ARGS / KD_ARGS / DGPO_ARGS
+# (more key=value overrides), EVAL_LIMIT (first N test questions), PREP_STUDENT (1: convert and prune
+# the 15-layer student when absent), SMOL_GGUF, PYTHON, COMMIT (recorded in the rows; default git's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 held=("$@")
@@ -26,8 +29,9 @@ worlds_dir=${WORLDS_DIR:-$out/worlds}
 weights=(${WEIGHTS:-factbook=0.35 cities=0.2 dictionary=0.15 elements=0.15 notes=0.15})
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 card=${card:-cpu}
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-done_run() { [ -f "$1/summary.json" ]; }
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+mkdir -p "$out/logs"
+log() { echo "[$(date +%H:%M:%S)] $*"; }
 
 student=$out/models/smollm2-135m-15l
 if [[ ${PREP_STUDENT:-1} == 1 && ! -d $student ]]; then
@@ -35,37 +39,53 @@ if [[ ${PREP_STUDENT:-1} == 1 && ! -d $student ]]; then
   [ -d "$out/models/smollm2-135m" ] || "${de[@]}" model from-gguf "$gguf" --out "$out/models/smollm2-135m"
   "${de[@]}" model prune "$out/models/smollm2-135m" --keep-layers 15 --out "$student"
 fi
+[ -f "$worlds_dir/notes-s1/manifest.json" ] || "${de[@]}" data build notes --seed 1 --out "$worlds_dir/notes-s1"
 
-for h in "${held[@]}"; do
-  mix=$out/worlds-mix/$h-out
-  teacher=$out/runs/worlds-teacher-sft-$h-out
-  kd=$out/runs/worlds-kd-$h-out
-  dgpo=$out/runs/worlds-dgpo-$h-out
-  worlds=() args=()
-  for w in "${weights[@]}"; do
-    name=${w%%=*}
-    worlds+=("$name")
-    [[ $name == "$h" ]] || args+=(--world "$w")
+evaluate() {  # NAME@MIXTURE=DIR: test EM on every world's own corpus
+  for w in "${worlds[@]}" notes-s1; do
+    "$py" bench/factbook_eval.py --data "$worlds_dir/$w" --splits test --out "$out/worlds-eval/$w.jsonl" \
+      --model "$1" --card "$card" --commit "$commit" ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"}
+    log "eval ${1%%=*} on $w done"
   done
+}
+
+lane() {  # HELD_OUT: mix, teacher, KD, then DGPO beside the KD and teacher evaluations
+  local h=$1 mix=$out/worlds-mix/$1-out
+  local teacher=$out/runs/worlds-teacher-sft-$1-out kd=$out/runs/worlds-kd-$1-out dgpo=$out/runs/worlds-dgpo-$1-out
+  local args=() data=(data.train="$mix/oracle.jsonl" data.dev="$mix/dev.jsonl" data.retriever="$mix/corpus.jsonl")
+  worlds=()
+  for w in "${weights[@]}"; do worlds+=("${w%%=*}"); [[ ${w%%=*} == "$h" ]] || args+=(--world "$w"); done
   [[ " ${worlds[*]} " == *" $h "* ]] || worlds+=("$h")
-  data=(data.train="$mix/oracle.jsonl" data.dev="$mix/dev.jsonl" data.retriever="$mix/corpus.jsonl")
   [ -f "$mix/manifest.json" ] || "${de[@]}" data mix "${args[@]}" --hold-out "$h" --worlds-dir "$worlds_dir" \
     --out "$mix" ${MIX_ARGS:-}
-  done_run "$teacher" || "${de[@]}" train sft --config train/configs/worlds-teacher-sft.yaml \
-    run.out_dir="$teacher" "${data[@]}" ${SFT_ARGS:-}
-  done_run "$kd" || "${de[@]}" train kd --config train/configs/worlds-kd.yaml run.out_dir="$kd" \
-    model.path="$student" kd.teacher="$teacher/checkpoints/best" "${data[@]}" ${KD_ARGS:-}
-  models=(--model "teacher@$h-out=$teacher/checkpoints/best" --model "kd@$h-out=$kd/checkpoints/best")
-  if [[ ${DGPO:-1} == 1 ]]; then
-    done_run "$dgpo" || "${de[@]}" train dgpo --config train/configs/worlds-dgpo.yaml run.out_dir="$dgpo" \
-      model.path="$kd/checkpoints/best" teacher.path="$teacher/checkpoints/best" data.train="$mix/train.jsonl" \
-      data.dev="$mix/dev.jsonl" data.retriever="$mix/corpus.jsonl" ${DGPO_ARGS:-}
-    models+=(--model "dgpo@$h-out=$dgpo/checkpoints/best")
+  # The teacher is measured on whole test splits below, so no dev evaluation inside its run.
+  [ -f "$teacher/summary.json" ] || "${de[@]}" train sft --config train/configs/worlds-teacher-sft.yaml \
+    run.out_dir="$teacher" "${data[@]}" data.dev=null log.progress=false ${SFT_ARGS:-}
+  [ -f "$kd/summary.json" ] || "${de[@]}" train kd --config train/configs/worlds-kd.yaml run.out_dir="$kd" \
+    model.path="$student" kd.teacher="$teacher/checkpoints/last" "${data[@]}" eval.at_start=false \
+    log.progress=false ${KD_ARGS:-}
+  local minutes=${DGPO_MINUTES:-10}
+  if [[ $minutes != 0 ]]; then  # cut at the time limit (status 124); its best dev checkpoint is evaluated
+    ( [ -f "$dgpo/summary.json" ] || timeout --signal=TERM "${minutes}m" "${de[@]}" train dgpo \
+        --config train/configs/worlds-dgpo.yaml run.out_dir="$dgpo" model.path="$kd/checkpoints/best" \
+        teacher.path="$teacher/checkpoints/last" data.train="$mix/train.jsonl" data.dev="$mix/dev.jsonl" \
+        data.retriever="$mix/corpus.jsonl" eval.at_start=false log.save_every=10 log.progress=false \
+        ${DGPO_ARGS:-} || log "dgpo $h: rc=$?" ) > "$out/logs/worlds-dgpo-$h.log" 2>&1 &
   fi
-  for w in "${worlds[@]}"; do  # every world's own test split, the held-out one included
-    "$py" bench/factbook_eval.py --data "$worlds_dir/$w" --splits test --out "$out/worlds-eval/$w.jsonl" \
-      "${models[@]}" --card "$card" --commit "$commit" ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"}
-  done
+  evaluate "kd@$h-out=$kd/checkpoints/best"
+  evaluate "teacher@$h-out=$teacher/checkpoints/last"
+  wait
+  [ ! -d "$dgpo/checkpoints/best" ] || evaluate "dgpo@$h-out=$dgpo/checkpoints/best"
+}
+
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || true)
+for i in "${!held[@]}"; do  # lane i on GPU i (mod the GPUs there are); all lanes at once
+  ( if [[ ${gpus:-0} -gt 0 ]]; then export CUDA_VISIBLE_DEVICES=$(( i % gpus )); fi
+    lane "${held[$i]}" > "$out/logs/worlds-lane-${held[$i]}.log" 2>&1
+    log "lane ${held[$i]} done (log: $out/logs/worlds-lane-${held[$i]}.log)" ) &
 done
-"$py" bench/worlds_results.py --eval-dir "$out/worlds-eval" --mix-dir "$out/worlds-mix" \
+failed=0
+for job in $(jobs -p); do wait "$job" || failed=1; done
+[ $failed = 0 ] || { echo "error: a lane failed; see $out/logs/worlds-lane-*.log" >&2; exit 1; }
+"$py" bench/worlds_results.py --eval-dir "$out/worlds-eval" --mix-dir "$out/worlds-mix" --worlds-dir "$worlds_dir" \
   --out "${RESULTS:-bench/results/worlds.json}"

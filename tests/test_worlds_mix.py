@@ -279,17 +279,21 @@ def test_worlds_results_collects_rows_in_the_issue_shape(mix: Path, tmp_path: Pa
         from worlds_results import collect, markdown
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    mix_dir, evals = mix.parent, tmp_path / "eval"
+    mix_dir, evals, worlds = mix.parent, tmp_path / "eval", tmp_path / "worlds"
     evals.mkdir()
-    for world, em in (("elements", 0.5), ("notes", 0.25)):
+    for world, em in (("elements", 0.5), ("notes", 0.25), ("notes-s1", 0.75)):
         row = {"method": "kd@notes-out", "split": "test", "n": 4, "em": em, "card": "cpu", "commit": "abc"}
         (evals / f"{world}.jsonl").write_text(json.dumps(row) + "\n")
-    result = collect(evals, mix_dir)
+    # notes-s1: another set of notes (the notes world at seed 1), so still the held-out world
+    (worlds / "notes-s1").mkdir(parents=True)
+    (worlds / "notes-s1" / "manifest.json").write_text(json.dumps({"kind": "notes", "seed": 1}))
+    result = collect(evals, mix_dir, worlds)
     assert result["card"] == "cpu" and result["commit"] == "abc"
     trained_on = sorted(WEIGHTS)
+    common = {"trained_on": trained_on, "split": "test", "n": 4, "model": "kd", "mixture": "notes-out"}
     assert result["rows"] == [
-        {"world": "elements", "trained_on": trained_on, "held_out": False, "split": "test", "n": 4, "em": 0.5,
-         "model": "kd", "mixture": "notes-out"},
-        {"world": "notes", "trained_on": trained_on, "held_out": True, "split": "test", "n": 4, "em": 0.25,
-         "model": "kd", "mixture": "notes-out"}]
+        {"world": "elements", "corpus": "elements", "seed": 0, "held_out": False, "em": 0.5, **common},
+        {"world": "notes", "corpus": "notes", "seed": 0, "held_out": True, "em": 0.25, **common},
+        {"world": "notes", "corpus": "notes-s1", "seed": 1, "held_out": True, "em": 0.75, **common}]
+    assert "| notes-out | kd | notes (seed 1) | yes | 4 | 0.750 |" in markdown(result)
     assert "| notes-out | kd | notes | yes | 4 | 0.250 |" in markdown(result)
