@@ -113,7 +113,7 @@ BEFORE = dict(attention="matmul", fused_sampling=False, lm_head="model")
 
 
 def run_fast(model, tokenizer, prefixes, new_tokens: int, check_every: int, greedy: bool,
-             cuda_graphs: bool = True, **options) -> dict:
+             cuda_graphs: bool = True, repeats: int = 1, **options) -> dict:
     import torch
     from dgpo_edge.train.decoding import RolloutSampling
     from dgpo_edge.train.fast_decode import FastDecoder
@@ -134,12 +134,16 @@ def run_fast(model, tokenizer, prefixes, new_tokens: int, check_every: int, gree
     _sync()
     prefill = time.perf_counter() - t0
     torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    outs = engine.decode(prefixes, [new_tokens] * len(prefixes), sampling, gen)
-    _sync()
-    wall = time.perf_counter() - t0
+    walls = []
+    for _ in range(repeats):  # the median of `repeats` timed calls
+        t0 = time.perf_counter()
+        outs = engine.decode(prefixes, [new_tokens] * len(prefixes), sampling, gen)
+        _sync()
+        walls.append(time.perf_counter() - t0)
+    wall = sorted(walls)[len(walls) // 2]
     n = sum(len(o.ids) for o in outs)
     rep = _report(wall, n, new_tokens)
+    rep["walls_s"] = [round(w, 3) for w in walls]
     rep["first_call_s"] = round(first, 3)
     rep["prefill_s"] = round(prefill, 4)
     rep["decode_step_ms"] = round((wall - prefill) / max(1, new_tokens - 1) * 1000, 3)
@@ -217,6 +221,9 @@ def main() -> None:
     ap.add_argument("--check-every", type=int, default=32)
     ap.add_argument("--skip-generate", action="store_true")
     ap.add_argument("--check-only", action="store_true", help="only the engine agreement check")
+    ap.add_argument("--repeats", type=int, default=1, help="timed calls per row (the median is reported)")
+    ap.add_argument("--compiled-layers", action="store_true",
+                    help="also time layers='compiled' (train/fast_layers.py through torch.compile)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--commit", default="", help="recorded in the results (the GPU machine's copy has no git)")
     args = ap.parse_args()
@@ -245,16 +252,26 @@ def main() -> None:
     for shape in filter(None, args.shapes.split(",")):
         model = build_model(shape, len(tokenizer), torch.bfloat16, "cuda")
         r: dict = {}
-        r["fast_greedy"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every, greedy=True)
-        r["fast_sampled"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every, greedy=False)
+        kw = dict(repeats=args.repeats)
+        r["fast_greedy"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every, greedy=True, **kw)
+        r["fast_sampled"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every, greedy=False, **kw)
+        if args.compiled_layers:
+            for head in ("model", "transposed"):
+                suffix = "" if head == "model" else "_lm_head_transposed"
+                for greedy in (True, False):
+                    name = f"fast_{'greedy' if greedy else 'sampled'}_layers_compiled{suffix}"
+                    r[name] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every, greedy=greedy,
+                                       layers="compiled", lm_head=head, **kw)
+            r["agreement_greedy_layers_compiled"] = agreement(r["fast_greedy"]["tokens"],
+                                                              r["fast_greedy_layers_compiled"]["tokens"])
         for greedy in (True, False):
             name = "greedy" if greedy else "sampled"
             r[f"fast_{name}_before"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
-                                                greedy=greedy, **BEFORE)
+                                                greedy=greedy, **BEFORE, **kw)
             r[f"speedup_{name}_vs_before"] = round(
                 r[f"fast_{name}"]["tokens_per_s"] / r[f"fast_{name}_before"]["tokens_per_s"], 2)
         r["fast_sampled_lm_head_transposed"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
-                                                        greedy=False, lm_head="transposed")
+                                                        greedy=False, lm_head="transposed", **kw)
         r["agreement_greedy_before"] = agreement(r["fast_greedy_before"]["tokens"], r["fast_greedy"]["tokens"])
         r["static_cache_no_graphs_greedy"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
                                                       greedy=True, cuda_graphs=False)

@@ -104,6 +104,52 @@ def test_stop_scanner_keeps_the_completing_token_and_drops_eos(smol_tok):
     assert (row.output().ids, row.output().finish) == (ids[:2], "length")
 
 
+def _scan_token_by_token(tok, stops, eos, ids, lps, max_new):
+    """The stop rule, one token at a time (the specification the block scanner must match)."""
+    tail, text, out, out_lp = max(len(s) for s in stops), "", [], []
+    for tid, lp in zip(ids, lps):
+        if tid in eos:
+            return out, out_lp, "eos"
+        out.append(tid)
+        out_lp.append(lp)
+        window = text + tok.decode([tid], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text = window[-tail:]
+        if any(s in window for s in stops):
+            return out, out_lp, "stop"
+        if len(out) >= max_new:
+            return out, out_lp, "length"
+    return out, out_lp, None
+
+
+def test_stop_scanner_blocks_match_the_token_by_token_rule(smol_tok):
+    """Random streams rich in stop-string fragments, fed in random chunks: same ids, log-probs, finish."""
+    import random
+
+    rng = random.Random(0)
+    eos = {smol_tok.eos_token_id}
+    pool = sorted({i for text in ("</search>", "</answer>", "</", ">", ">\n", "search>", "answer", "<search>",
+                                  " </", "think", "x", " Paris", "\n\n")
+                   for i in smol_tok.encode(text, add_special_tokens=False)} | eos)
+    scanner = StopScanner(smol_tok, protocol.STOP_STRINGS, eos)
+    finishes = set()
+    for trial in range(300):
+        n = rng.randint(1, 60)
+        ids = [rng.choice(pool) if rng.random() < 0.7 else rng.randrange(len(smol_tok)) for _ in range(n)]
+        lps = [-rng.random() for _ in ids]
+        max_new = rng.randint(1, 70)
+        row, k = scanner.start(max_new), 0
+        while k < n:
+            step = rng.randint(1, 16)
+            row.feed(ids[k:k + step], lps[k:k + step])
+            k += step
+        want = _scan_token_by_token(smol_tok, protocol.STOP_STRINGS, eos, ids, lps, max_new)
+        got = row.output()
+        assert (got.ids, got.logprobs) == (want[0], want[1]), trial
+        assert got.finish == (want[2] or "length"), trial
+        finishes.add(got.finish)
+    assert finishes == {"stop", "eos", "length"}
+
+
 def test_sample_next_logprobs_greedy_and_nucleus():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 0.0, 0.0]])
     tok, lp = sample_next(logits, RolloutSampling(greedy=True, temperature=2.0))
@@ -288,17 +334,19 @@ def test_qwen_tokenizer_fast_equals_plain_and_logprobs(qwen_dir, retriever):
 
 # Compiled sampling (fused_sampling=True) is the default on CUDA only: torch.compile takes minutes
 # on a CPU, so the GPU test below covers it.
-@pytest.mark.parametrize("attention,lm_head,fused", [("matmul", "model", False), ("sdpa", "transposed", False),
-                                                     ("sdpa", "model", True)])
-def test_fast_engine_variants_equal_the_plain_engine(random_llama, smol_tok, attention, lm_head, fused):
-    # Every speed option (attention kernel, LM-head layout, compiled sampling) draws the plain
-    # engine's tokens and log-probs, greedy and sampled, across calls of changing shape.
+@pytest.mark.parametrize("attention,lm_head,fused,layers", [
+    ("matmul", "model", False, "model"), ("sdpa", "transposed", False, "model"), ("sdpa", "model", False, "functional"),
+    ("sdpa", "model", True, "model"), ("sdpa", "model", True, "compiled")])
+def test_fast_engine_variants_equal_the_plain_engine(random_llama, smol_tok, attention, lm_head, fused, layers):
+    # Every speed option (attention kernel, LM-head layout, compiled sampling, the layers as
+    # train/fast_layers.py's functions, eager or compiled) draws the plain engine's tokens and
+    # log-probs, greedy and sampled, across calls of changing shape.
     if fused:
         if not torch.cuda.is_available():
-            pytest.skip("compiled sampling is tested on a GPU (torch.compile on CPU takes minutes)")
+            pytest.skip("compiled sampling and layers are tested on a GPU (torch.compile on CPU takes minutes)")
         random_llama = copy.deepcopy(random_llama).to("cuda")
     eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), check_every=4, length_bucket=16,
-                      attention=attention, lm_head=lm_head, fused_sampling=fused)
+                      attention=attention, lm_head=lm_head, fused_sampling=fused, layers=layers)
     plain = PlainDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())
     for sampling in (RolloutSampling(greedy=True), RolloutSampling(temperature=1.0)):
         for prefixes, new in (([[5, 6, 7], [8, 9]], 12), ([[1] * 20, [2, 3], [4]], 9)):
@@ -309,6 +357,24 @@ def test_fast_engine_variants_equal_the_plain_engine(random_llama, smol_tok, att
             assert all(abs(a - b) < 1e-4 for g, w in zip(got, want) for a, b in zip(g.logprobs, w.logprobs))
 
 
+def test_functional_layers_equal_the_modules_on_qwen2(smol_tok):
+    # Qwen2 layers have q/k/v biases (Llama's have none): the functions must use them.
+    model = tiny_model("qwen2", len(smol_tok), seed=5)
+    with torch.no_grad():  # initialised to zero: give the biases values that change the tokens
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(1))
+    mods, funcs = (FastDecoder(model, smol_tok, protocol.STOP_STRINGS, (), check_every=4, length_bucket=16,
+                               layers=layers) for layers in ("model", "functional"))
+    prefixes = [[5, 6, 7], [8, 9], [1] * 11]
+    for sampling in (RolloutSampling(greedy=True), RolloutSampling(temperature=1.0)):
+        got, want = (e.decode(prefixes, [10] * 3, sampling, torch.Generator().manual_seed(3)) for e in (funcs, mods))
+        assert [o.ids for o in got] == [o.ids for o in want]
+        assert all(abs(a - b) < 1e-5 for g, w in zip(got, want) for a, b in zip(g.logprobs, w.logprobs))
+
+
 def test_fast_engine_rejects_unknown_options(random_llama, smol_tok):
+    with pytest.raises(ValueError, match="layers must be one of"):
+        FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), layers="fused")
     with pytest.raises(ValueError, match="attention must be one of"):
         FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), attention="flash")

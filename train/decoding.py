@@ -33,6 +33,9 @@ from typing import Any, Literal
 DecoderChoice = Literal["auto", "fast", "plain"]
 #: The fast engine's attention over its static cache: fused SDPA, or two matmuls and a float32 softmax.
 AttentionChoice = Literal["sdpa", "matmul"]
+#: The fast engine's layers around attention: the modules, or train/fast_layers.py's functions
+#: compiled by torch.compile on CUDA ("compiled"; eager elsewhere) or eager ("functional").
+LayerChoice = Literal["model", "compiled", "functional"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,12 @@ class StopScanner:
     A stop string may span several tokens or end inside one (`>\\n`); the turn
     keeps every token up to and including the one that completes it, as
     sampled. An end-of-sequence id ends the turn and is not kept.
+
+    Only a token whose piece holds the last character of a stop string can
+    complete one, so rows are scanned a block at a time: the tokens between
+    such "watched" tokens (and end-of-sequence ids) are appended in bulk and
+    only the watched ones are checked. At batch 512 this is what keeps the host
+    from stalling the GPU between chunks of decode steps.
     """
 
     def __init__(self, tokenizer: Any, stop_strings: Sequence[str], eos_ids: Iterable[int]):
@@ -108,7 +117,9 @@ class StopScanner:
         self.stop_strings = tuple(stop_strings)
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self._tail = max((len(s) for s in self.stop_strings), default=0)
+        self._last_chars = frozenset(s[-1] for s in self.stop_strings if s)
         self._pieces: dict[int, str] = {}
+        self._watched: dict[int, bool] = {}
 
     def piece(self, token_id: int) -> str:
         p = self._pieces.get(token_id)
@@ -117,6 +128,23 @@ class StopScanner:
                                       clean_up_tokenization_spaces=False)
             self._pieces[token_id] = p
         return p
+
+    def watched(self, token_id: int) -> bool:
+        """Whether this id ends the turn (eos) or may complete a stop string."""
+        w = self._watched.get(token_id)
+        if w is None:
+            w = token_id in self.eos_ids or any(c in self.piece(token_id) for c in self._last_chars)
+            self._watched[token_id] = w
+        return w
+
+    def next_watched(self, ids: Sequence[int], start: int, end: int) -> int:
+        """Index of the first watched id in ids[start:end], else `end`."""
+        known, watched = self._watched, self.watched
+        for k in range(start, end):
+            w = known.get(ids[k])
+            if w or (w is None and watched(ids[k])):
+                return k
+        return end
 
     def start(self, max_new: int) -> _RowScan:
         return _RowScan(self, max_new)
@@ -130,27 +158,46 @@ class _RowScan:
         self.max_new = max_new
         self.ids: list[int] = []
         self.logprobs: list[float] = []
-        self.text = ""
         self.finish: str | None = None if max_new > 0 else "length"
 
     def feed(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        sc, i, n = self.scanner, 0, len(ids)
+        while i < n and self.finish is None:
+            end = min(n, i + self.max_new - len(self.ids))
+            j = sc.next_watched(ids, i, end)
+            self.ids.extend(int(t) for t in ids[i:j])     # no stop can end in these
+            self.logprobs.extend(float(x) for x in logprobs[i:j])
+            if j == end:
+                if len(self.ids) >= self.max_new:
+                    self.finish = "length"
+                return
+            self._take(int(ids[j]), float(logprobs[j]))
+            i = j + 1
+
+    def _take(self, tid: int, lp: float) -> None:
+        """One watched token: eos ends the turn unkept; else keep it and look for a stop."""
         sc = self.scanner
-        for tid, lp in zip(ids, logprobs):
-            if self.finish is not None:
-                return
-            if tid in sc.eos_ids:
-                self.finish = "eos"
-                return
-            self.ids.append(int(tid))
-            self.logprobs.append(float(lp))
-            piece = sc.piece(int(tid))
-            # Only the tail can newly contain a stop string.
-            window = self.text + piece
-            self.text = window[-sc._tail:] if sc._tail else ""
-            if any(s in window for s in sc.stop_strings):
-                self.finish = "stop"
-            elif len(self.ids) >= self.max_new:
-                self.finish = "length"
+        if tid in sc.eos_ids:
+            self.finish = "eos"
+            return
+        # Only the text just before this token plus its piece can newly contain a stop string.
+        window = self._tail_text() + sc.piece(tid)
+        self.ids.append(tid)
+        self.logprobs.append(lp)
+        if any(s in window for s in sc.stop_strings):
+            self.finish = "stop"
+        elif len(self.ids) >= self.max_new:
+            self.finish = "length"
+
+    def _tail_text(self) -> str:
+        """The last `tail` characters of the kept tokens' pieces, joined."""
+        sc, parts, size = self.scanner, [], 0
+        for tid in reversed(self.ids):
+            if size >= sc._tail:
+                break
+            parts.append(sc.piece(tid))
+            size += len(parts[-1])
+        return "".join(reversed(parts))[-sc._tail:] if sc._tail else ""
 
     def output(self) -> TurnOutput:
         return TurnOutput(self.ids, self.logprobs, self.finish or "length")

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .decoding import (AttentionChoice, RolloutSampling, StopScanner, TurnOutput, left_pad, new_noise, pad_id_of, sample_next,
+from .decoding import (AttentionChoice, LayerChoice, RolloutSampling, StopScanner, TurnOutput, left_pad, new_noise, pad_id_of, sample_next,
                        turn_generator)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -140,7 +140,7 @@ class FastDecoder:
     def __init__(self, model: Any, tokenizer: Any, stop_strings: Sequence[str], eos_ids: Iterable[int],
                  check_every: int = 32, cuda_graphs: bool | None = None, length_bucket: int | None = None,
                  prefill_elements: int = 1 << 26, attention: AttentionChoice = "sdpa",
-                 fused_sampling: bool | None = None, lm_head: str = "model"):
+                 fused_sampling: bool | None = None, lm_head: str = "model", layers: LayerChoice = "model"):
         if not supports(model):
             raise ValueError(f"the fast engine supports {', '.join(SUPPORTED_MODEL_TYPES)} models "
                              f"without sliding-window attention; use engine='plain'")
@@ -161,6 +161,7 @@ class FastDecoder:
         if attention not in ATTENTION or lm_head not in LM_HEADS:
             raise ValueError(f"attention must be one of {ATTENTION}, lm_head one of {LM_HEADS}")
         self.attention, self.lm_head = attention, lm_head
+        self._kernels = self._layer_kernels(model, layers)
         fused = self.device.type == "cuda" if fused_sampling is None else fused_sampling
         self._sample = fused_sampler() if fused else sample_next
         self._lm_t = None   # [hidden, vocab] copy of the LM head, refreshed every call ("transposed")
@@ -169,6 +170,18 @@ class FastDecoder:
         self._graphs: dict[tuple, Any] = {}
         self._pool = None
         self._vocab = model.get_output_embeddings().weight.shape[0]
+
+    def _layer_kernels(self, model: Any, layers: str) -> Any:
+        """train/fast_layers.py's functions for the layers, or None to call the modules."""
+        from . import fast_layers
+
+        if layers not in typing.get_args(LayerChoice):
+            raise ValueError(f"layers must be one of {typing.get_args(LayerChoice)}, got {layers!r}")
+        if layers == "model":
+            return None
+        if not fast_layers.supported(model):
+            raise ValueError(f"layers={layers!r} needs SiLU MLPs without biases; use layers='model'")
+        return fast_layers.LayerKernels(model, compiled=layers == "compiled" and self.device.type == "cuda")
 
     # -- buffers ------------------------------------------------------------------------
     def _ensure_buffers(self, batch: int, length: int) -> None:
@@ -275,14 +288,20 @@ class FastDecoder:
         x = m.embed_tokens(st.tok[:, None])
         cos, sin = m.rotary_emb(x, st.pos[:, None])
         st.bias.index_fill_(1, st.wpos, 0.0)
+        kern = self._kernels
         for i, layer in enumerate(m.layers):
-            h = layer.input_layernorm(x)
-            q, k, v = self._qkv(layer.self_attn, h, cos, sin)
+            if kern is None:
+                q, k, v = self._qkv(layer.self_attn, layer.input_layernorm(x), cos, sin)
+            else:
+                q, k, v = kern.before(i, x, cos, sin)
             st.keys[i].index_copy_(2, st.wpos, k)
             st.values[i].index_copy_(2, st.wpos, v)
-            o = self._attend(q, st.keys[i], st.values[i], st.bias)
-            x = x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(bsz, 1, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            o = self._attend(q, st.keys[i], st.values[i], st.bias).transpose(1, 2).reshape(bsz, 1, -1)
+            if kern is None:
+                x = x + layer.self_attn.o_proj(o)
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
+            else:
+                x = kern.after(i, x, o)
         logits = self._logits(m.norm(x))[:, 0]
         tok, lp = self._sample(logits, sampling, st.noise)
         st.out_tok.index_copy_(1, st.j, tok[:, None])

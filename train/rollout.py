@@ -35,7 +35,7 @@ from ..metrics import cover_exact_match, exact_match, f1_score
 from ..protocol import ProtocolConfig
 from ..retrieval.base import Retriever
 from ..transcript import Transcript, encoder_for
-from .decoding import AttentionChoice, DecoderChoice, PlainDecoder, RolloutSampling, model_eos_ids
+from .decoding import AttentionChoice, DecoderChoice, LayerChoice, PlainDecoder, RolloutSampling, model_eos_ids
 
 ENGINES = typing.get_args(DecoderChoice)
 
@@ -51,7 +51,7 @@ class RolloutConfig:
     `seed` (a run is reproducible from it).
     Batching: `batch_size` episodes per engine call; `engine` auto/fast/plain;
     `check_every` decode steps between the fast engine's stop checks;
-    `attention` and `fused_sampling`: the fast engine's kernels (train/fast_decode.py).
+    `attention`, `fused_sampling` and `layers`: the fast engine's kernels (train/fast_decode.py).
     Prompt: `chat_template` wraps the instruction in the tokenizer's chat
     template when it has one (the released checkpoints' format).
     """
@@ -66,6 +66,7 @@ class RolloutConfig:
     check_every: int = 32
     attention: AttentionChoice = "sdpa"
     fused_sampling: bool = True      # compiled sampling where the engine runs on CUDA (False: eager)
+    layers: LayerChoice = "model"    # "compiled": the layers' elementwise work fused by torch.compile (CUDA)
     chat_template: bool = True
 
     def __post_init__(self) -> None:
@@ -127,7 +128,8 @@ def make_engine(model: Any, tokenizer: Any, config: RolloutConfig) -> Any:
     if config.engine == "fast" or (config.engine == "auto" and fast_decode.supports(model)):
         return fast_decode.FastDecoder(model, tokenizer, protocol.STOP_STRINGS, eos,
                                        check_every=config.check_every, attention=config.attention,
-                                       fused_sampling=None if config.fused_sampling else False)
+                                       fused_sampling=None if config.fused_sampling else False,
+                                       layers=config.layers)
     return PlainDecoder(model, tokenizer, protocol.STOP_STRINGS, eos)
 
 
