@@ -34,9 +34,10 @@ import rollout  # noqa: E402  (bench/rollout.py: model shapes, prompts, the trai
 #: The engine as first written ("before") and with each speed option (train/fast_decode.py).
 VARIANTS = {
     "before": rollout.BEFORE,
-    "sdpa": dict(attention="sdpa", fused_sampling=False, lm_head="model"),
-    "sdpa_fused": dict(attention="sdpa", fused_sampling=True, lm_head="model"),
-    "sdpa_fused_lmT": dict(attention="sdpa", fused_sampling=True, lm_head="transposed"),
+    "sdpa": dict(attention="sdpa", fused_sampling=False, lm_head="model", layers="model"),
+    "sdpa_fused": dict(attention="sdpa", fused_sampling=True, lm_head="model", layers="model"),
+    "sdpa_fused_lmT": dict(attention="sdpa", fused_sampling=True, lm_head="transposed", layers="model"),
+    "sdpa_fused_lmT_layers": dict(attention="sdpa", fused_sampling=True, lm_head="transposed", layers="compiled"),
 }
 
 

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> None:
     config.log.progress = False
     if args.variant == "before":
         config.rollout.weights, config.rollout.attention, config.rollout.fused_sampling = "training", "matmul", False
+        config.rollout.layers, config.rollout.lm_head = "model", "model"
     validate_rl(config, "bench/rl_cost.py")
     summary = run_rl(config)
     print(json.dumps(summary))

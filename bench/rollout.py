@@ -109,7 +109,11 @@ def run_generate(model, tokenizer, prefixes, new_tokens: int) -> dict:
 
 
 #: The engine as first written; the fast rows without a suffix use the engine's defaults.
-BEFORE = dict(attention="matmul", fused_sampling=False, lm_head="model")
+BEFORE = dict(attention="matmul", fused_sampling=False, lm_head="model", layers="model")
+#: One option at a time on top of SDPA + compiled sampling (the defaults before compiled layers).
+OPTIONS = {"modules": dict(layers="model", lm_head="model"),
+           "layers_compiled": dict(layers="compiled", lm_head="model"),
+           "lm_head_transposed": dict(layers="model", lm_head="transposed")}
 
 
 def run_fast(model, tokenizer, prefixes, new_tokens: int, check_every: int, greedy: bool,
@@ -222,8 +226,6 @@ def main() -> None:
     ap.add_argument("--skip-generate", action="store_true")
     ap.add_argument("--check-only", action="store_true", help="only the engine agreement check")
     ap.add_argument("--repeats", type=int, default=1, help="timed calls per row (the median is reported)")
-    ap.add_argument("--compiled-layers", action="store_true",
-                    help="also time layers='compiled' (train/fast_layers.py through torch.compile)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--commit", default="", help="recorded in the results (the GPU machine's copy has no git)")
     args = ap.parse_args()
@@ -255,23 +257,15 @@ def main() -> None:
         kw = dict(repeats=args.repeats)
         r["fast_greedy"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every, greedy=True, **kw)
         r["fast_sampled"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every, greedy=False, **kw)
-        if args.compiled_layers:
-            for head in ("model", "transposed"):
-                suffix = "" if head == "model" else "_lm_head_transposed"
-                for greedy in (True, False):
-                    name = f"fast_{'greedy' if greedy else 'sampled'}_layers_compiled{suffix}"
-                    r[name] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every, greedy=greedy,
-                                       layers="compiled", lm_head=head, **kw)
-            r["agreement_greedy_layers_compiled"] = agreement(r["fast_greedy"]["tokens"],
-                                                              r["fast_greedy_layers_compiled"]["tokens"])
+        for name, options in OPTIONS.items():
+            r[f"fast_sampled_{name}"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
+                                                 greedy=False, **options, **kw)
         for greedy in (True, False):
             name = "greedy" if greedy else "sampled"
             r[f"fast_{name}_before"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
                                                 greedy=greedy, **BEFORE, **kw)
             r[f"speedup_{name}_vs_before"] = round(
                 r[f"fast_{name}"]["tokens_per_s"] / r[f"fast_{name}_before"]["tokens_per_s"], 2)
-        r["fast_sampled_lm_head_transposed"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
-                                                        greedy=False, lm_head="transposed", **kw)
         r["agreement_greedy_before"] = agreement(r["fast_greedy_before"]["tokens"], r["fast_greedy"]["tokens"])
         r["static_cache_no_graphs_greedy"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
                                                       greedy=True, cuda_graphs=False)

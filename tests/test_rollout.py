@@ -373,6 +373,27 @@ def test_functional_layers_equal_the_modules_on_qwen2(smol_tok):
         assert all(abs(a - b) < 1e-5 for g, w in zip(got, want) for a, b in zip(g.logprobs, w.logprobs))
 
 
+def test_fast_engine_auto_options_resolve_by_device(random_llama, smol_tok):
+    # auto: compiled layers and the transposed LM head on CUDA only; on a CPU the modules, unchanged.
+    eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())
+    assert eng._kernels is None and eng.lm_head == "model"
+    gelu = copy.deepcopy(random_llama)
+    gelu.config.hidden_act = "gelu"
+    assert FastDecoder(gelu, smol_tok, protocol.STOP_STRINGS, (), layers="auto")._kernels is None
+    with pytest.raises(ValueError, match="SiLU MLPs"):
+        FastDecoder(gelu, smol_tok, protocol.STOP_STRINGS, (), layers="functional")
+    # LoRA-injected projections: the functions would read the base weights only, so never theirs
+    from dgpo_edge.train import fast_layers
+    from dgpo_edge.train.config import LoRASection
+    from dgpo_edge.train.lora import apply_lora
+
+    assert fast_layers.supported(random_llama)
+    lora = apply_lora(copy.deepcopy(random_llama), LoRASection(r=4))
+    assert not fast_layers.supported(lora)
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        FastDecoder(lora, smol_tok, protocol.STOP_STRINGS, (), layers="functional")
+
+
 def test_fast_engine_rejects_unknown_options(random_llama, smol_tok):
     with pytest.raises(ValueError, match="layers must be one of"):
         FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), layers="fused")

@@ -34,8 +34,12 @@ DecoderChoice = Literal["auto", "fast", "plain"]
 #: The fast engine's attention over its static cache: fused SDPA, or two matmuls and a float32 softmax.
 AttentionChoice = Literal["sdpa", "matmul"]
 #: The fast engine's layers around attention: the modules, or train/fast_layers.py's functions
-#: compiled by torch.compile on CUDA ("compiled"; eager elsewhere) or eager ("functional").
-LayerChoice = Literal["model", "compiled", "functional"]
+#: compiled by torch.compile on CUDA ("compiled"; eager elsewhere) or eager ("functional"); "auto":
+#: compiled on CUDA where the layers allow it, the modules elsewhere.
+LayerChoice = Literal["auto", "model", "compiled", "functional"]
+#: The fast engine's LM head: the model's module, or a matmul with a [hidden, vocab] copy of its
+#: weight ("transposed"); "auto": transposed on CUDA.
+LMHeadChoice = Literal["auto", "model", "transposed"]
 
 
 @dataclass(frozen=True)

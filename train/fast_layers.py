@@ -60,13 +60,25 @@ def after_attention(x: Any, o: Any, wo: Any, bo: Any, norm_w: Any, eps: float, w
     return x + F.linear(F.silu(F.linear(h, w_gate)) * F.linear(h, w_up), w_down)
 
 
+PROJECTIONS = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
+               ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
+
+
 def supported(model: Any) -> bool:
-    """Whether every layer is the shape these functions compute (SiLU MLP without biases)."""
-    cfg = model.config
-    if getattr(cfg, "hidden_act", "silu") != "silu":
+    """Whether every layer is what these functions compute: SiLU MLPs without biases, and every
+    projection a plain `nn.Linear`. A LoRA-injected layer is not (its adapters would be skipped:
+    the weight tuples hold the base weights only), so a model in LoRA training keeps its modules."""
+    import torch
+
+    if getattr(model.config, "hidden_act", "silu") != "silu":
         return False
-    return all(getattr(layer.mlp, name).bias is None for layer in model.model.layers
-               for name in ("gate_proj", "up_proj", "down_proj"))
+    for layer in model.model.layers:
+        projections = [getattr(getattr(layer, block), name) for block, name in PROJECTIONS]
+        if any(type(p) is not torch.nn.Linear for p in projections) or any(p.bias is not None for p in projections[4:]):
+            return False
+        if not all(hasattr(norm, "variance_epsilon") for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
+            return False
+    return True
 
 
 class LayerKernels:

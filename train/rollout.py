@@ -35,7 +35,7 @@ from ..metrics import cover_exact_match, exact_match, f1_score
 from ..protocol import ProtocolConfig
 from ..retrieval.base import Retriever
 from ..transcript import Transcript, encoder_for
-from .decoding import AttentionChoice, DecoderChoice, LayerChoice, PlainDecoder, RolloutSampling, model_eos_ids
+from .decoding import AttentionChoice, DecoderChoice, LayerChoice, LMHeadChoice, PlainDecoder, RolloutSampling, model_eos_ids
 
 ENGINES = typing.get_args(DecoderChoice)
 
@@ -51,7 +51,8 @@ class RolloutConfig:
     `seed` (a run is reproducible from it).
     Batching: `batch_size` episodes per engine call; `engine` auto/fast/plain;
     `check_every` decode steps between the fast engine's stop checks;
-    `attention`, `fused_sampling` and `layers`: the fast engine's kernels (train/fast_decode.py).
+    `attention`, `fused_sampling`, `layers` and `lm_head`: the fast engine's kernels
+    (train/fast_decode.py; the defaults are the fastest measured, docs/benchmarks.md).
     Prompt: `chat_template` wraps the instruction in the tokenizer's chat
     template when it has one (the released checkpoints' format).
     """
@@ -66,7 +67,8 @@ class RolloutConfig:
     check_every: int = 32
     attention: AttentionChoice = "sdpa"
     fused_sampling: bool = True      # compiled sampling where the engine runs on CUDA (False: eager)
-    layers: LayerChoice = "model"    # "compiled": the layers' elementwise work fused by torch.compile (CUDA)
+    layers: LayerChoice = "auto"     # auto: the layers' elementwise work fused by torch.compile on CUDA
+    lm_head: LMHeadChoice = "auto"   # auto: a [hidden, vocab] copy of the LM head on CUDA
     chat_template: bool = True
 
     def __post_init__(self) -> None:
@@ -129,7 +131,7 @@ def make_engine(model: Any, tokenizer: Any, config: RolloutConfig) -> Any:
         return fast_decode.FastDecoder(model, tokenizer, protocol.STOP_STRINGS, eos,
                                        check_every=config.check_every, attention=config.attention,
                                        fused_sampling=None if config.fused_sampling else False,
-                                       layers=config.layers)
+                                       layers=config.layers, lm_head=config.lm_head)
     return PlainDecoder(model, tokenizer, protocol.STOP_STRINGS, eos)
 
 

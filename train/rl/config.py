@@ -21,7 +21,7 @@ from typing import Literal
 from dgpo_edge.protocol import ProtocolConfig
 
 from ..config import EvalSection, LogSection, LoRASection, ModelSection, RunSection, Schedule
-from ..decoding import AttentionChoice, DecoderChoice, LayerChoice
+from ..decoding import AttentionChoice, DecoderChoice, LayerChoice, LMHeadChoice
 
 # The episode limits that moved from `rollout` into the `protocol` section (read with a warning).
 PROTOCOL_KEYS = ("top_k", "max_searches", "max_turn_tokens", "max_obs_tokens", "max_total_tokens")
@@ -57,7 +57,8 @@ class RolloutSection:
     # torch.compile (on CUDA) or eager. The defaults are the faster ones (docs/benchmarks.md).
     attention: AttentionChoice = "sdpa"
     fused_sampling: bool = True
-    layers: LayerChoice = "model"   # "compiled": train/fast_layers.py through torch.compile (CUDA)
+    layers: LayerChoice = "auto"    # auto: train/fast_layers.py through torch.compile on CUDA (else the modules)
+    lm_head: LMHeadChoice = "auto"  # auto: a transposed copy of the LM head on CUDA
 
 
 @dataclass

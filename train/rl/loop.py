@@ -195,7 +195,7 @@ class RLTrainer:
         r = c.rollout
         self.rollout_config = RolloutConfig(
             protocol=c.protocol, temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
-            attention=r.attention, fused_sampling=r.fused_sampling, layers=r.layers,
+            attention=r.attention, fused_sampling=r.fused_sampling, layers=r.layers, lm_head=r.lm_head,
             chat_template=c.data.chat_template)
         use_copy = r.weights == "bf16_copy" or (r.weights == "auto" and self.bf16 and self.acc.device.type == "cuda")
         self.rollout_copy = RolloutCopy(self.lm) if use_copy else None
