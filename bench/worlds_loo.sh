@@ -13,7 +13,9 @@
 #   bench/worlds_loo.sh                   # held out: notes (GPU 0) and elements (GPU 1)
 #   bench/worlds_loo.sh notes cities      # held out: these
 #
-# WEIGHTS: relative weights of every world; the held-out one is dropped from its mixture.
+# WEIGHTS: relative weights of every world; the held-out one is dropped from its mixture (with every
+# NAME@SEED entry of it: `notes@2=0.1` adds the notes world built with seed 2, other people; keep seed 1
+# out of it, as notes-s1 is the unseen notes every model is scored on).
 # DGPO_MINUTES (10; 0: no DGPO), OUT (out), WORLDS_DIR ($OUT/worlds), RESULTS
 # (bench/results/worlds.json), MIX_ARGS (more `data mix` options), SFT_ARGS / KD_ARGS / DGPO_ARGS
 # (more key=value overrides), EVAL_LIMIT (first N test questions), PREP_STUDENT (1: convert and prune
@@ -53,8 +55,12 @@ lane() {  # HELD_OUT: mix, teacher, KD, then DGPO beside the KD and teacher eval
   local h=$1 mix=$out/worlds-mix/$1-out
   local teacher=$out/runs/worlds-teacher-sft-$1-out kd=$out/runs/worlds-kd-$1-out dgpo=$out/runs/worlds-dgpo-$1-out
   local args=() data=(data.train="$mix/oracle.jsonl" data.dev="$mix/dev.jsonl" data.retriever="$mix/corpus.jsonl")
-  worlds=()
-  for w in "${weights[@]}"; do worlds+=("${w%%=*}"); [[ ${w%%=*} == "$h" ]] || args+=(--world "$w"); done
+  worlds=()  # evaluated: each world once (an entry NAME@SEED trains on NAME at another seed)
+  for w in "${weights[@]}"; do
+    name=${w%%=*}; base=${name%%@*}
+    [[ " ${worlds[*]} " == *" $base "* ]] || worlds+=("$base")
+    [[ $base == "$h" ]] || args+=(--world "$w")
+  done
   [[ " ${worlds[*]} " == *" $h "* ]] || worlds+=("$h")
   [ -f "$mix/manifest.json" ] || "${de[@]}" data mix "${args[@]}" --hold-out "$h" --worlds-dir "$worlds_dir" \
     --out "$mix" ${MIX_ARGS:-}

@@ -197,6 +197,33 @@ def test_missing_worlds_are_built(tmp_path: Path, monkeypatch):
     assert [len(_jsonl(tmp_path / "m" / f"{s}.jsonl")) for s in SPLITS] == [10, 5, 5]
 
 
+def test_a_world_at_another_seed_is_mixed_as_its_own_entry(tmp_path: Path, monkeypatch):
+    # notes and notes@1: the notes world twice, other people each time, each in its own folder
+    built = []
+    real = registry.build
+
+    def spy(name, out, **kw):
+        built.append((name, kw["seed"], Path(out).name))
+        return real(name, out, **{**kw, "size": SIZES[name]})
+
+    monkeypatch.setattr(registry, "build", spy)
+    result = invoke("data", "mix", "--world", "notes=1", "--world", "notes@1=1", "--worlds-dir", tmp_path / "w",
+                    "--out", tmp_path / "m", "--train-size", 40, "--eval-size", 10)
+    assert result.exit_code == 0, result.output
+    assert sorted(built) == [("notes", 0, "notes"), ("notes", 1, "notes@1")]
+    train = _jsonl(tmp_path / "m" / "train.jsonl")
+    assert Counter(r["world"] for r in train) == {"notes": 20, "notes@1": 20}
+    people = {w: {json.loads(line)["contents"].split("\n")[0] for line in
+                  (tmp_path / "w" / w / "corpus.jsonl").read_text(encoding="utf-8").splitlines()}
+              for w in ("notes", "notes@1")}
+    assert len(people["notes"] & people["notes@1"]) < len(people["notes"]) / 2   # mostly other notes
+    corpus = _jsonl(tmp_path / "m" / "corpus.jsonl")
+    assert len({p["id"] for p in corpus}) == len(corpus)
+    assert {p["id"].rsplit(":", 1)[0] for p in corpus} == {"notes", "notes@1"}
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["weights"] == {"notes": 1.0, "notes@1": 1.0}
+
+
 @pytest.mark.parametrize("args, needles", [
     (["--world", "elements=abc"], ["elements=abc", "NAME=WEIGHT"]),
     (["--world", "elements=0"], ["above 0"]),
@@ -204,6 +231,9 @@ def test_missing_worlds_are_built(tmp_path: Path, monkeypatch):
     (["--world", "elements=1", "--world", "elements=2"], ["given twice"]),
     (["--world", "elements=1", "--world", "notes=1", "--hold-out", "notes"], ["--hold-out notes", "no weight"]),
     (["--world", "elements=1", "--train-size", "0"], ["--train-size"]),
+    (["--world", "notes@two=1"], ["notes@two", "NAME@SEED"]),
+    (["--world", "planets@2=1"], ["unknown world 'planets'"]),
+    (["--world", "elements=1", "--world", "notes@2=1", "--hold-out", "notes"], ["--hold-out notes", "notes@2", "any seed"]),
 ])
 def test_bad_mixtures_are_one_error_line(tmp_path: Path, args, needles):
     result = invoke("data", "mix", *args, "--worlds-dir", tmp_path / "w", "--out", tmp_path / "m")

@@ -125,12 +125,14 @@ def build(
 @user_errors
 def mix(
     world: list[str] = typer.Option(..., "--world", help="NAME=WEIGHT, once per world in the mixture "
-                                                         "(weights are relative: 0.5 and 1 mean 1:2)."),
+                                                         "(weights are relative: 0.5 and 1 mean 1:2); "
+                                                         "NAME@SEED=WEIGHT mixes that world built with "
+                                                         "another seed as well (notes@2: other people)."),
     hold_out: str = typer.Option(None, "--hold-out", help="A world kept out of the mixture entirely, for "
                                                           "leave-one-world-out evaluation on its own test split."),
     worlds_dir: Path = typer.Option(Path("out/worlds"), "--worlds-dir",
-                                    help="World folders, one per name (WORLDS_DIR/NAME); a missing one is built "
-                                         "there with `data build NAME --seed SEED` first."),
+                                    help="World folders, one per name (WORLDS_DIR/NAME, WORLDS_DIR/NAME@SEED); a "
+                                         "missing one is built there with `data build NAME --seed SEED` first."),
     out: Path = typer.Option(..., "--out", help="Directory to write the mixture into (the same files as a world)."),
     seed: int = typer.Option(0, help="Seed for drawing questions (same worlds and seed, same files)."),
     train_size: int = typer.Option(None, "--train-size", help="Train questions in all (default: the most the "

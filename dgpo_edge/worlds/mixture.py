@@ -5,8 +5,11 @@
     -> oracle trajectories re-searched on the union corpus (BM25), kept when they still hit
     -> the same files as a world: corpus, train/dev/test, oracle, stats, manifest
 
-Training reads a mixture exactly as it reads a world, so nothing in train/ knows about
-mixtures. The held-out world adds nothing to the mixture (no passage, no question): its own
+A mixture entry is a world's name, built with the mixture's seed, or `NAME@SEED`: the same
+world built with another seed, in its own folder (WORLDS_DIR/NAME@SEED). For a generated world
+(notes) another seed is another set of people, teams and projects, so several seeds give more
+questions per relation than one world holds. Training reads a mixture exactly as it reads a world,
+so nothing in train/ knows about mixtures. The held-out world adds nothing to the mixture (no passage, no question): its own
 folder keeps its test split for leave-one-world-out evaluation. Byte-identical for the same
 world folders, weights, sizes and seed.
 """
@@ -44,8 +47,17 @@ class WorldData:
     oracle: dict[str, dict]  # by question id
 
 
+def split_entry(name: str) -> tuple[str, int | None]:
+    """`"notes@2"` -> ("notes", 2); `"notes"` -> ("notes", None). The world must be known."""
+    world, sep, seed_text = name.partition("@")
+    if sep and not (seed_text.isdigit() and world):
+        raise InputError(f"--world {name!r}: expected NAME or NAME@SEED with a seed of digits, e.g. notes@2")
+    registry.get(world)
+    return world, int(seed_text) if sep else None
+
+
 def parse_weights(specs: list[str]) -> dict[str, float]:
-    """`["factbook=0.5", "notes=1"]` -> {name: weight}; names must be known worlds, each given once."""
+    """`["factbook=0.5", "notes=1", "notes@2=1"]` -> {name: weight}; known worlds, each entry given once."""
     weights: dict[str, float] = {}
     for spec in specs:
         name, sep, text = spec.partition("=")
@@ -56,7 +68,7 @@ def parse_weights(specs: list[str]) -> dict[str, float]:
             weight = math.nan
         if not sep or not math.isfinite(weight) or weight <= 0:
             raise InputError(f"--world {spec!r}: expected NAME=WEIGHT with a weight above 0, e.g. factbook=0.5")
-        registry.get(name)
+        split_entry(name)
         if name in weights:
             raise InputError(f"--world {name} is given twice")
         weights[name] = weight
@@ -72,15 +84,16 @@ def ensure_world(name: str, folder: Path, seed: int, say: Callable[[str], None])
     world is refused rather than mixed in.
     """
     manifest_path = folder / "manifest.json"
+    world, own_seed = split_entry(name)
     if not manifest_path.is_file():
         say(f"building world {name} into {folder}")
-        registry.build(name, folder, seed=seed, say=say)
+        registry.build(world, folder, seed=seed if own_seed is None else own_seed, say=say)
     manifest = _read_json(manifest_path)
     for file, digest in manifest.get("files", {}).items():
         path = folder / file
         if not path.is_file() or jsonio.file_digest(path) != digest:
             raise InputError(f"does not match {manifest_path} (rebuild the world with "
-                             f"`dgpo-edge data build {name} --out {folder}`)", path)
+                             f"`dgpo-edge data build {world} --out {folder}`)", path)
     return manifest
 
 
@@ -196,8 +209,10 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
     out, worlds_dir = Path(out), Path(worlds_dir)
     if held_out is not None:
         registry.get(held_out)
-        if held_out in weights:
-            raise InputError(f"--hold-out {held_out} is also given as --world: a held-out world gets no weight")
+        mixed = [n for n in weights if split_entry(n)[0] == held_out]
+        if mixed:
+            raise InputError(f"--hold-out {held_out} is also given as --world {mixed[0]}: a held-out world gets "
+                             f"no weight, at any seed")
     for label, size in (("--train-size", train_size), ("--eval-size", eval_size)):
         if size is not None and size < 1:
             raise InputError(f"{label} must be at least 1, got {size}")
