@@ -9,7 +9,7 @@
 #   bench/factbook_rows.sh teacher                # the SFT teacher (train/configs/factbook-teacher-sft.yaml)
 #   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run: out/runs/rl-METHOD-sSEED
 #   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of runs (bench/factbook_eval.py; LIMIT=N: first N)
-#   bench/factbook_rows.sh pack NAME [QUANT]      # a run's student as GGUF (q8_0) in 15 MiB pieces + sha256
+#   bench/factbook_rows.sh pack NAME|DIR [QUANT]  # a run's student (or a checkpoint folder) as GGUF (q8_0) in 15 MiB pieces + sha256
 #   bench/factbook_rows.sh unpack DIR NAME [QUANT]   # here: the pieces joined and checked
 #
 # METHOD: ppo | dgpo | grpo | dgpo_all_rollouts | dgpo_no_cold_start. STEPS (default 200) sets the
@@ -81,9 +81,13 @@ eval)
   "$py" bench/factbook_eval.py --data out/factbookqa --out "$out" --splits "$splits" --card "$card" ${LIMIT:+--limit "$LIMIT"} \
     --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || true)}" "${models[@]}" ;;
 pack)  # what the laptop needs, in pieces a device call can return (at most 8 files of 16 MiB)
-  name=${1:?NAME}; quant=${2:-q8_0}; file=$name.$quant.gguf
+  name=${1:?NAME}; quant=${2:-q8_0}; dir=$(checkpoint "$name")
+  if [ -d "$name" ]; then  # a checkpoint folder RUN/checkpoints/CKPT: the pieces are named RUN-CKPT
+    dir=$name; name=$(basename "$(dirname "$(dirname "$dir")")")-$(basename "$dir")
+  fi
+  file=$name.$quant.gguf
   mkdir -p out/pack
-  "${de[@]}" export gguf "$(checkpoint "$name")" --out "out/pack/$file" --quant "$quant" --no-verify
+  "${de[@]}" export gguf "$dir" --out "out/pack/$file" --quant "$quant" --no-verify
   (cd out/pack && sha256sum "$file" > "$file.sha256" && split -b 15M -d "$file" "$file.part" && rm "$file" && ls -la) ;;
 unpack)
   dir=${1:?DIR}; name=${2:?NAME}; quant=${3:-q8_0}; file=$name.$quant.gguf

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -144,7 +145,7 @@ def run_fast(model, tokenizer, prefixes, new_tokens: int, check_every: int, gree
         outs = engine.decode(prefixes, [new_tokens] * len(prefixes), sampling, gen)
         _sync()
         walls.append(time.perf_counter() - t0)
-    wall = sorted(walls)[len(walls) // 2]
+    wall = statistics.median(walls)
     n = sum(len(o.ids) for o in outs)
     rep = _report(wall, n, new_tokens)
     rep["walls_s"] = [round(w, 3) for w in walls]

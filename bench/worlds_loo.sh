@@ -14,11 +14,13 @@
 #   bench/worlds_loo.sh notes cities      # held out: these
 #
 # WEIGHTS: relative weights of every world; the held-out one is dropped from its mixture (with every
-# NAME@SEED entry of it: `notes@2=0.1` adds the notes world built with seed 2, other people; keep seed 1
-# out of it, as notes-s1 is the unseen notes every model is scored on).
+# NAME@SEED entry of it: `notes@2=0.1` adds the notes world built with seed 2, other people). notes@1
+# is refused: seed 1 is notes-s1, the unseen notes every model is scored on.
 # DGPO_MINUTES (10; 0: no DGPO), OUT (out), WORLDS_DIR ($OUT/worlds), RESULTS
 # (bench/results/worlds.json), MIX_ARGS (more `data mix` options), SFT_ARGS / KD_ARGS / DGPO_ARGS
-# (more key=value overrides), EVAL_LIMIT (first N test questions), PREP_STUDENT (1: convert and prune
+# (more key=value overrides), EVAL_LIMIT (first N test questions), PACK (1: the DGPO student as a Q8_0
+# GGUF in 15 MiB pieces under out/pack, and the KD adapter copied there, so they can leave a lease:
+# bench/factbook_rows.sh pack/unpack), PREP_STUDENT (1: convert and prune
 # the 15-layer student when absent), SMOL_GGUF, PYTHON, COMMIT (recorded in the rows; default git's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +35,9 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
 card=${card:-cpu}
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 mkdir -p "$out/logs"
+if [[ " ${weights[*]} " == *" notes@1="* ]]; then
+  echo "error: WEIGHTS has notes@1, but seed 1 is notes-s1, the notes no model may train on" >&2; exit 2
+fi
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 
 student=$out/models/smollm2-135m-15l
@@ -82,6 +87,10 @@ lane() {  # HELD_OUT: mix, teacher, KD, then DGPO beside the KD and teacher eval
   evaluate "teacher@$h-out=$teacher/checkpoints/last"
   wait
   [ ! -d "$dgpo/checkpoints/best" ] || evaluate "dgpo@$h-out=$dgpo/checkpoints/best"
+  if [[ ${PACK:-0} == 1 ]]; then
+    mkdir -p out/pack && cp -r "$kd/checkpoints/best/adapter" "out/pack/worlds-kd-$h-out-adapter"
+    if [ -d "$dgpo/checkpoints/best" ]; then bash bench/factbook_rows.sh pack "$dgpo/checkpoints/best"; fi
+  fi
 }
 
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || true)

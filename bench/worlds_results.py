@@ -28,13 +28,16 @@ def read_manifest(folder: Path) -> dict:
 
 def world_of(corpus: str, worlds_dir: Path | None) -> tuple[str, int]:
     """(world, seed) of an evaluated folder: a folder named after a world is that world, another
-    (`notes-s1`) the world its manifest names; the seed from the manifest (0 without one)."""
+    (`notes-s1`, `notes@2`) the world its name starts with, else the world its manifest names; the seed from the manifest (0 without one)."""
+    import re
+
     from dgpo_edge.worlds.registry import WORLDS
 
     if worlds_dir is None or not (worlds_dir / corpus / "manifest.json").exists():
         return corpus, 0
     manifest = read_manifest(worlds_dir / corpus)
-    return (corpus if corpus in WORLDS else manifest["kind"]), int(manifest.get("seed", 0))
+    base = re.sub(r"(@|-s)\d+$", "", corpus)   # notes-s1, notes@2: the notes world at another seed
+    return (base if base in WORLDS else manifest["kind"]), int(manifest.get("seed", 0))
 
 
 def collect(eval_dir: Path, mix_dir: Path, worlds_dir: Path | None = None) -> dict:

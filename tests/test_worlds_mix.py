@@ -233,6 +233,8 @@ def test_a_world_at_another_seed_is_mixed_as_its_own_entry(tmp_path: Path, monke
     (["--world", "elements=1", "--train-size", "0"], ["--train-size"]),
     (["--world", "notes@two=1"], ["notes@two", "NAME@SEED"]),
     (["--world", "planets@2=1"], ["unknown world 'planets'"]),
+    (["--world", "elements@2=1"], ["elements@2", "generated world", "test entities"]),
+    (["--world", "notes=1", "--world", "notes@0=1"], ["notes@0", "same world", "seed 0"]),
     (["--world", "elements=1", "--world", "notes@2=1", "--hold-out", "notes"], ["--hold-out notes", "notes@2", "any seed"]),
 ])
 def test_bad_mixtures_are_one_error_line(tmp_path: Path, args, needles):

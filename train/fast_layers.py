@@ -15,6 +15,12 @@ without in-place writes to the cache. So each layer's step is split as
 with the weights passed as tensors, so one compiled graph serves every layer. The math is the
 modules' (Llama and Qwen2 layers with SiLU MLPs: SmolLM2, Qwen2.5); `LayerKernels(compiled=False)`
 runs the same functions eagerly, which is how CPU tests check them against the modules.
+
+One limit: the compiled functions are shared by every engine in a process, and torch.compile keeps
+at most `torch._dynamo.config.recompile_limit` (8) variants of each; each model shape takes about
+three (a fixed batch, a symbolic one, batch 1). A process that decodes with a fourth shape runs
+these functions eagerly from then on, with the same results and the speed of `layers="model"`.
+RL, training and evaluation decode one or two shapes per process.
 """
 
 from __future__ import annotations

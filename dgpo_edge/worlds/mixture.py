@@ -48,12 +48,30 @@ class WorldData:
 
 
 def split_entry(name: str) -> tuple[str, int | None]:
-    """`"notes@2"` -> ("notes", 2); `"notes"` -> ("notes", None). The world must be known."""
+    """`"notes@2"` -> ("notes", 2); `"notes"` -> ("notes", None). The world must be known, and a
+    seed is only for a generated world: another seed of a package world asks about the same facts
+    with its entities split otherwise, so its train questions would be another seed's test ones."""
     world, sep, seed_text = name.partition("@")
     if sep and not (seed_text.isdigit() and world):
         raise InputError(f"--world {name!r}: expected NAME or NAME@SEED with a seed of digits, e.g. notes@2")
-    registry.get(world)
+    spec = registry.get(world)
+    if sep and spec.package:
+        raise InputError(f"--world {name!r}: NAME@SEED needs a generated world (notes); {world} is built from "
+                         f"{spec.source}, and another seed would put its test entities into train")
     return world, int(seed_text) if sep else None
+
+
+def check_distinct(weights: dict[str, float], seed: int) -> None:
+    """Refuse two entries that are one world built with one seed (`notes` and `notes@0` at seed 0):
+    every question of the second would be dropped as a duplicate and the mixture left empty."""
+    seen: dict[tuple[str, int], str] = {}
+    for name in weights:
+        world, own = split_entry(name)
+        key = (world, seed if own is None else own)
+        if key in seen:
+            raise InputError(f"--world {name} is the same world as --world {seen[key]} "
+                             f"({world} at seed {key[1]}, the mixture's seed for a bare name)")
+        seen[key] = name
 
 
 def parse_weights(specs: list[str]) -> dict[str, float]:
@@ -213,6 +231,7 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
         if mixed:
             raise InputError(f"--hold-out {held_out} is also given as --world {mixed[0]}: a held-out world gets "
                              f"no weight, at any seed")
+    check_distinct(weights, seed)
     for label, size in (("--train-size", train_size), ("--eval-size", eval_size)):
         if size is not None and size < 1:
             raise InputError(f"{label} must be at least 1, got {size}")
