@@ -15,6 +15,7 @@ import os
 import re
 import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -77,10 +78,15 @@ class BM25Index:
     `search_many` answers a batch of queries (a rollout round's searches) on several threads,
     each with its own copy of the in-memory database (SQLite runs a query without the GIL, but
     one connection runs one query at a time); repeated queries are answered once.
+
+    Answers are kept in a bounded cache (the last `cache_size` distinct queries): the index never
+    changes, so a cached answer is the answer. RL asks the same questions again every epoch, and a
+    student's searches for one question mostly repeat, and a query of common words ("what is the
+    ...") makes FTS5 score most of the corpus.
     """
 
     def __init__(self, passages: Iterable[Passage], title_weight: float = TITLE_WEIGHT,
-                 threads: int | None = None):
+                 threads: int | None = None, cache_size: int = 100_000):
         self.title_weight = title_weight
         self._passages = list(passages)
         self._db = sqlite3.connect(":memory:")
@@ -91,22 +97,46 @@ class BM25Index:
         self._image: bytes | None = None
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, int], list[Passage]] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self.searched = 0   # queries that reached SQLite (the rest came from the cache)
 
     def search(self, query: str, k: int = 3) -> list[Passage]:
         """Top-k passages for the words of `query`, scored."""
-        return self._search(self._db, query, k)
+        return self.search_many([query], k)[0]
 
     def search_many(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
         """`search` for each query, in order; the same results, on `threads` threads."""
-        unique = list(dict.fromkeys(queries))
-        if self.threads < 2 or len(unique) < 2 * self.threads:
-            found = {q: self.search(q, k) for q in unique}
+        found = self._cached(dict.fromkeys(queries), k)
+        todo = [q for q in dict.fromkeys(queries) if q not in found]
+        if self.threads < 2 or len(todo) < 2 * self.threads:
+            fresh = {q: self._search(self._db, q, k) for q in todo}
         else:
             if self._pool is None:
                 self._image = self._db.serialize()
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bm25")
-            found = dict(zip(unique, self._pool.map(lambda q: self._search(self._thread_db(), q, k), unique)))
+            fresh = dict(zip(todo, self._pool.map(lambda q: self._search(self._thread_db(), q, k), todo)))
+        self._remember(fresh, k)
+        found.update(fresh)
         return [list(found[q]) for q in queries]
+
+    def _cached(self, queries: Iterable[str], k: int) -> dict[str, list[Passage]]:
+        with self._cache_lock:
+            hits = {q: self._cache[(q, k)] for q in queries if (q, k) in self._cache}
+            for q in hits:
+                self._cache.move_to_end((q, k))
+        return hits
+
+    def _remember(self, fresh: dict[str, list[Passage]], k: int) -> None:
+        with self._cache_lock:
+            self.searched += len(fresh)
+            if self.cache_size < 1:
+                return
+            for q, passages in fresh.items():
+                self._cache[(q, k)] = passages
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
 
     def close(self) -> None:
         if self._pool is not None:

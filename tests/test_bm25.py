@@ -99,12 +99,30 @@ def test_ties_are_broken_by_row():
 def test_a_batch_of_searches_on_threads_equals_one_by_one(factbook):
     # A rollout round's searches go through search_many: per-thread copies of the in-memory
     # index must rank exactly as the index itself, repeated queries included.
-    index = BM25Index(list(factbook[1].iter_passages()), threads=3)
-    titles = sorted({p.title.rpartition(" — ")[0] for p in factbook[1].iter_passages()})
+    passages = list(factbook[1].iter_passages())
+    index = BM25Index(passages, threads=3)
+    titles = sorted({p.title.rpartition(" — ")[0] for p in passages})
     queries = [f"{name} {fact}" for name in titles[::11] for fact in FACT_WORDS] + ODD_QUERIES
     queries += queries[:7]   # repeats are answered once and returned for each asker
     assert len(set(queries)) >= 2 * index.threads   # the threaded path, not the small-batch one
-    one_by_one = [index.search(q, 5) for q in queries]
+    plain = BM25Index(passages, threads=1, cache_size=0)
+    one_by_one = [plain.search(q, 5) for q in queries]
     assert index.search_many(queries, 5) == one_by_one
-    assert index._pool is not None and index.search_many(queries[:3], 5) == one_by_one[:3]
+    assert index._pool is not None and index.searched == len(set(queries))
     index.close()
+
+
+def test_answers_are_cached_and_the_cache_is_bounded(factbook):
+    # The index never changes, so a cached answer is the answer: a second round of the same
+    # queries reaches SQLite for none of them, and the oldest answers leave a full cache first.
+    passages = list(factbook[1].iter_passages())
+    index = BM25Index(passages, threads=1, cache_size=4)
+    queries = ["Peru capital", "Chile currency", "Kenya population", "Fiji coastline", "Nepal area"]
+    first = index.search_many(queries, 3)
+    assert index.searched == 5 and len(index._cache) == 4
+    assert index.search_many(queries[1:], 3) == first[1:] and index.searched == 5   # all four cached
+    assert index.search_many(queries[:1], 3) == first[:1] and index.searched == 6   # evicted: searched again
+    assert index.search("Peru capital", 5) != index.search("Peru capital", 3)      # k is part of the key
+    uncached = BM25Index(passages, threads=1, cache_size=0)
+    assert uncached.search_many(queries * 2, 3) == first * 2 and uncached.searched == 5
+    assert uncached.search_many(queries, 3) == first and uncached.searched == 10
