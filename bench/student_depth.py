@@ -5,7 +5,7 @@ then the agent's llama.cpp engine (`LlamaCppEngine`, as `ask` and `eval` run it)
 the first `--contexts` FactbookQA dev questions and decodes `--tokens` tokens after each, ignoring
 stops, `--repeats` times. Speed does not depend on what the weights learned, so the pruned base stands in
 for a trained student of that depth. Reported per depth: parameters, GGUF bytes, prompt tokens/s and
-decode tokens/s (medians), peak RSS of a fresh process holding the model.
+decode tokens/s (the median over runs of each run's median), peak RSS of a fresh process holding the model.
 
     python bench/student_depth.py --base out/models/smollm2-135m --depths 15,20,24,30 --threads 2 \
         --work out/bench-depth --out bench/results/student_depth.json
@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3, help="fresh processes per depth (the median is reported)")
     ap.add_argument("--work", type=Path, default=Path("out/bench-depth"))
     ap.add_argument("--commit", default="")
     ap.add_argument("--out", type=Path)
@@ -105,8 +106,10 @@ def main() -> None:
     for depth in (int(d) for d in args.depths.split(",")):
         t0 = time.perf_counter()
         gguf = build(args.base, depth, args.work)
+        runs = [measure(gguf, questions, args.tokens, args.repeats, args.threads) for _ in range(args.runs)]
         row = {"layers": depth, "params": params_of(gguf), "gguf_bytes": gguf.stat().st_size,
-               **measure(gguf, questions, args.tokens, args.repeats, args.threads)}
+               **{key: statistics.median(r[key] for r in runs) for key in runs[0]},
+               "decode_tok_s_runs": [round(r["decode_tok_s"], 1) for r in runs]}
         rows.append({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()})
         print(f"{depth} layers: {row['params'] / 1e6:.1f} M params, decode {row['decode_tok_s']:.0f} tok/s, "
               f"prompt {row['prompt_tok_s']:.0f} tok/s ({time.perf_counter() - t0:.0f} s)", flush=True)
