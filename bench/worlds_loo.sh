@@ -21,7 +21,9 @@
 # (more key=value overrides), EVAL_LIMIT (first N test questions), PACK (1: the DGPO student as a Q8_0
 # GGUF in 15 MiB pieces under out/pack, and the KD adapter copied there, so they can leave a lease:
 # bench/factbook_rows.sh pack/unpack), PREP_STUDENT (1: convert and prune
-# the 15-layer student when absent), SMOL_GGUF, PYTHON, COMMIT (recorded in the rows; default git's).
+# the student when absent), STUDENT_LAYERS (15: the student's depth, of SmolLM2's 30; runs of another
+# depth are named ...-LLl, e.g. worlds-kd-notes-out-24l, and their rows kd-24l, dgpo-24l), SMOL_GGUF,
+# PYTHON, COMMIT (recorded in the rows; default git's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 held=("$@")
@@ -40,11 +42,13 @@ if [[ " ${weights[*]} " == *" notes@1="* ]]; then
 fi
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 
-student=$out/models/smollm2-135m-15l
+layers=${STUDENT_LAYERS:-15}
+student=$out/models/smollm2-135m-${layers}l
+tag=$([[ $layers == 15 ]] || echo "-${layers}l")   # the 15-layer runs keep their names
 if [[ ${PREP_STUDENT:-1} == 1 && ! -d $student ]]; then
   gguf=${SMOL_GGUF:-$("$py" -c 'from dgpo_edge.train.models import smollm2_gguf; print(smollm2_gguf())')}
   [ -d "$out/models/smollm2-135m" ] || "${de[@]}" model from-gguf "$gguf" --out "$out/models/smollm2-135m"
-  "${de[@]}" model prune "$out/models/smollm2-135m" --keep-layers 15 --out "$student"
+  "${de[@]}" model prune "$out/models/smollm2-135m" --keep-layers "$layers" --out "$student"
 fi
 [ -f "$worlds_dir/notes-s1/manifest.json" ] || "${de[@]}" data build notes --seed 1 --out "$worlds_dir/notes-s1"
 
@@ -58,7 +62,7 @@ evaluate() {  # NAME@MIXTURE=DIR: test EM on every world's own corpus
 
 lane() {  # HELD_OUT: mix, teacher, KD, then DGPO beside the KD and teacher evaluations
   local h=$1 mix=$out/worlds-mix/$1-out
-  local teacher=$out/runs/worlds-teacher-sft-$1-out kd=$out/runs/worlds-kd-$1-out dgpo=$out/runs/worlds-dgpo-$1-out
+  local teacher=$out/runs/worlds-teacher-sft-$1-out kd=$out/runs/worlds-kd-$1-out$tag dgpo=$out/runs/worlds-dgpo-$1-out$tag
   local args=() data=(data.train="$mix/oracle.jsonl" data.dev="$mix/dev.jsonl" data.retriever="$mix/corpus.jsonl")
   worlds=()  # evaluated: each world once (an entry NAME@SEED trains on NAME at another seed)
   for w in "${weights[@]}"; do
@@ -83,12 +87,12 @@ lane() {  # HELD_OUT: mix, teacher, KD, then DGPO beside the KD and teacher eval
         data.retriever="$mix/corpus.jsonl" eval.at_start=false log.save_every=10 log.progress=false \
         ${DGPO_ARGS:-} || log "dgpo $h: rc=$?" ) > "$out/logs/worlds-dgpo-$h.log" 2>&1 &
   fi
-  evaluate "kd@$h-out=$kd/checkpoints/best"
+  evaluate "kd$tag@$h-out=$kd/checkpoints/best"
   evaluate "teacher@$h-out=$teacher/checkpoints/last"
   wait
-  [ ! -d "$dgpo/checkpoints/best" ] || evaluate "dgpo@$h-out=$dgpo/checkpoints/best"
+  [ ! -d "$dgpo/checkpoints/best" ] || evaluate "dgpo$tag@$h-out=$dgpo/checkpoints/best"
   if [[ ${PACK:-0} == 1 ]]; then
-    mkdir -p out/pack && cp -r "$kd/checkpoints/best/adapter" "out/pack/worlds-kd-$h-out-adapter"
+    mkdir -p out/pack && cp -r "$kd/checkpoints/best/adapter" "out/pack/$(basename "$kd")-adapter"
     if [ -d "$dgpo/checkpoints/best" ]; then bash bench/factbook_rows.sh pack "$dgpo/checkpoints/best"; fi
   fi
 }
