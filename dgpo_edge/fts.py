@@ -80,9 +80,9 @@ class BM25Index:
     one connection runs one query at a time); repeated queries are answered once.
 
     Answers are kept in a bounded cache (the last `cache_size` distinct queries): the index never
-    changes, so a cached answer is the answer. RL asks the same questions again every epoch, and a
-    student's searches for one question mostly repeat, and a query of common words ("what is the
-    ...") makes FTS5 score most of the corpus.
+    changes, so a cached answer is the answer. RL asks the same questions again every epoch and a
+    student's searches for one question mostly repeat; a query of common words ("what is the ...")
+    makes FTS5 score most of the corpus, so a repeat saved is worth having.
     """
 
     def __init__(self, passages: Iterable[Passage], title_weight: float = TITLE_WEIGHT,
@@ -108,8 +108,9 @@ class BM25Index:
 
     def search_many(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
         """`search` for each query, in order; the same results, on `threads` threads."""
-        found = self._cached(dict.fromkeys(queries), k)
-        todo = [q for q in dict.fromkeys(queries) if q not in found]
+        unique = list(dict.fromkeys(queries))
+        found = self._cached(unique, k)
+        todo = [q for q in unique if q not in found]
         if self.threads < 2 or len(todo) < 2 * self.threads:
             fresh = {q: self._search(self._db, q, k) for q in todo}
         else:

@@ -373,6 +373,21 @@ def test_functional_layers_equal_the_modules_on_qwen2(smol_tok):
         assert all(abs(a - b) < 1e-5 for g, w in zip(got, want) for a, b in zip(g.logprobs, w.logprobs))
 
 
+def test_compiled_or_eager_falls_back_for_good_after_a_failed_compile(monkeypatch):
+    # The compiled sampler and layers are optimisations only: a build whose compiler fails runs eagerly.
+    from dgpo_edge.train import fast_layers
+
+    calls = []
+
+    def broken(*args):
+        calls.append("compiled")
+        raise RuntimeError("no compiler toolchain")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: broken)
+    double = fast_layers.compiled_or_eager(lambda x: 2 * x)
+    assert [double(3), double(4)] == [6, 8] and calls == ["compiled"]   # tried once, then eager
+
+
 def test_fast_engine_auto_options_resolve_by_device(random_llama, smol_tok):
     # auto: compiled layers and the transposed LM head on CUDA only; on a CPU the modules, unchanged.
     eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())

@@ -43,9 +43,10 @@ to 83,853 tokens/s on one H200:
 
 With `layers="model"` the layers' own modules (norms, projections, MLP, rotary
 embedding) are called; the compiled functions compute the same math from the
-same weight tensors. Only attention and the cache are ours. Llama and Qwen2 architectures (SmolLM2, Qwen2.5) are supported; on
-CPU the same code runs without graphs, which is how tests check it against
-the plain engine token for token.
+same weight tensors. Only attention and the cache are ours. Llama and Qwen2
+architectures (SmolLM2, Qwen2.5) are supported; on CPU the same code runs
+without graphs, which is how tests check it against the plain engine token for
+token.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .decoding import (AttentionChoice, LayerChoice, LMHeadChoice, RolloutSampling, StopScanner, TurnOutput, left_pad, new_noise, pad_id_of, sample_next,
-                       turn_generator)
+from .decoding import (AttentionChoice, LayerChoice, LMHeadChoice, RolloutSampling, StopScanner, TurnOutput,
+                       left_pad, new_noise, pad_id_of, sample_next, turn_generator)
+from . import fast_layers
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 #: Attention over the static cache: PyTorch's fused SDPA with grouped KV heads, or two matmuls
@@ -70,27 +72,9 @@ LM_HEADS = typing.get_args(LMHeadChoice)
 def fused_sampler() -> Any:
     """`sample_next` compiled into a few fused kernels (one pass over the [B, V] logits, not ten).
 
-    Same math as the eager function. torch.compile compiles on the first call, which the engine
-    makes in its warm-up steps before any graph capture; if that fails (no compiler toolchain,
-    an unsupported build), every call from then on uses the eager function.
+    Same math as the eager function, which takes over if compiling fails (`compiled_or_eager`).
     """
-    import torch
-
-    # dynamic=None: the first new batch size recompiles once with a symbolic batch dimension, which then
-    # serves every power-of-two bucket a run meets (a static compile per size would hit dynamo's
-    # recompile limit within one multi-turn rollout and fall back to eager).
-    use = torch.compile(sample_next, dynamic=None)
-
-    def sample(logits: Any, sampling: RolloutSampling, noise: Any | None = None) -> tuple[Any, Any]:
-        nonlocal use
-        if use is not sample_next:
-            try:
-                return use(logits, sampling, noise)
-            except Exception:  # noqa: BLE001 - compiling is an optimisation only
-                use = sample_next
-        return sample_next(logits, sampling, noise)
-
-    return sample
+    return fast_layers.compiled_or_eager(sample_next)
 
 
 def supports(model: Any) -> bool:
@@ -102,17 +86,6 @@ def supports(model: Any) -> bool:
         return False
     inner = getattr(model, "model", None)
     return all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))
-
-
-def _rotate_half(x: Any) -> Any:
-    import torch
-
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rope(x: Any, cos: Any, sin: Any) -> Any:
-    return x * cos + _rotate_half(x) * sin
 
 
 def _bucket(n: int, step: int) -> int:
@@ -173,7 +146,7 @@ class FastDecoder:
         cuda = self.device.type == "cuda"
         self.attention, self.lm_head = attention, ("transposed" if cuda else "model") if lm_head == "auto" else lm_head
         self._kernels = self._layer_kernels(model, layers)
-        fused = self.device.type == "cuda" if fused_sampling is None else fused_sampling
+        fused = cuda if fused_sampling is None else fused_sampling
         self._sample = fused_sampler() if fused else sample_next
         self._lm_t = None   # [hidden, vocab] copy of the LM head, refreshed every call ("transposed")
         self._alloc_shape = (0, 0)
@@ -184,19 +157,17 @@ class FastDecoder:
 
     def _layer_kernels(self, model: Any, layers: str) -> Any:
         """train/fast_layers.py's functions for the layers, or None to call the modules."""
-        from . import fast_layers
-
         if layers not in typing.get_args(LayerChoice):
             raise ValueError(f"layers must be one of {typing.get_args(LayerChoice)}, got {layers!r}")
+        cuda = self.device.type == "cuda"
         if layers == "auto":
-            cuda = self.device.type == "cuda"
             layers = "compiled" if cuda and fast_layers.supported(model) else "model"
         if layers == "model":
             return None
         if not fast_layers.supported(model):
             raise ValueError(f"layers={layers!r} needs SiLU MLPs without biases and plain linear projections "
                              f"(no LoRA adapters); use layers='model'")
-        return fast_layers.LayerKernels(model, compiled=layers == "compiled" and self.device.type == "cuda")
+        return fast_layers.LayerKernels(model, compiled=layers == "compiled" and cuda)
 
     # -- buffers ------------------------------------------------------------------------
     def _ensure_buffers(self, batch: int, length: int) -> None:
@@ -245,7 +216,7 @@ class FastDecoder:
         k = attn.k_proj(h).view(bsz, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = attn.v_proj(h).view(bsz, t, self.n_kv, self.head_dim).transpose(1, 2)
         cos, sin = cos[:, None], sin[:, None]
-        return _rope(q, cos, sin), _rope(k, cos, sin), v
+        return fast_layers.rope(q, cos, sin), fast_layers.rope(k, cos, sin), v
 
     def _prefill(self, ids: Any, valid: Any, st: _State) -> Any:
         """Run the prompts through the model, fill the cache; logits of the last position."""

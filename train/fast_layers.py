@@ -35,11 +35,37 @@ def _rms_norm(x: Any, weight: Any, eps: float) -> Any:
     return weight * h.to(x.dtype)
 
 
-def _rope(x: Any, cos: Any, sin: Any) -> Any:
+def rope(x: Any, cos: Any, sin: Any) -> Any:
+    """The rotary embedding applied to x [..., head_dim] (the Llama/Qwen2 rotate-half form)."""
     import torch
 
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def compiled_or_eager(fn: Any) -> Any:
+    """`fn` through torch.compile, and `fn` itself from the first failure on (compiling is an
+    optimisation only: no compiler toolchain or an unsupported build must not stop a run).
+
+    torch.compile compiles on the first call, which the fast engine makes in its warm-up steps
+    before any graph capture. dynamic=None: the first new batch size recompiles once with a symbolic
+    batch dimension, which then serves every power-of-two bucket a run meets (a static compile per
+    size would hit dynamo's recompile limit within one multi-turn rollout and fall back to eager).
+    """
+    import torch
+
+    use = torch.compile(fn, dynamic=None)
+
+    def call(*args: Any) -> Any:
+        nonlocal use
+        if use is not fn:
+            try:
+                return use(*args)
+            except Exception:  # noqa: BLE001 - compiling is an optimisation only
+                use = fn
+        return fn(*args)
+
+    return call
 
 
 def before_attention(x: Any, norm_w: Any, eps: float, wq: Any, bq: Any, wk: Any, bk: Any, wv: Any, bv: Any,
@@ -53,7 +79,7 @@ def before_attention(x: Any, norm_w: Any, eps: float, wq: Any, bq: Any, wk: Any,
     k = F.linear(h, wk, bk).view(bsz, t, n_kv, head_dim).transpose(1, 2)
     v = F.linear(h, wv, bv).view(bsz, t, n_kv, head_dim).transpose(1, 2)
     cos, sin = cos[:, None], sin[:, None]
-    return _rope(q, cos, sin), _rope(k, cos, sin), v
+    return rope(q, cos, sin), rope(k, cos, sin), v
 
 
 def after_attention(x: Any, o: Any, wo: Any, bo: Any, norm_w: Any, eps: float, w_gate: Any, w_up: Any,
@@ -91,13 +117,11 @@ class LayerKernels:
     """Per-layer weight tuples and the two functions, compiled or eager.
 
     The tuples hold the modules' own parameters (no copies), so weight updates between calls, as
-    in RL, are seen without a refresh. Compiling happens on the first call (the engine's warm-up
-    steps, before any graph capture); if it fails, every later call runs the functions eagerly.
+    in RL, are seen without a refresh. Each function falls back to its eager self if compiling it
+    fails (`compiled_or_eager`).
     """
 
     def __init__(self, model: Any, compiled: bool):
-        import torch
-
         cfg = model.config
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
@@ -111,24 +135,11 @@ class LayerKernels:
             self.weights_out.append((a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
                                      layer.post_attention_layernorm.variance_epsilon,
                                      m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight))
-        # dynamic=None: one recompile with a symbolic batch serves every batch bucket (as fused_sampler)
-        self._before = torch.compile(before_attention, dynamic=None) if compiled else before_attention
-        self._after = torch.compile(after_attention, dynamic=None) if compiled else after_attention
+        self._before = compiled_or_eager(before_attention) if compiled else before_attention
+        self._after = compiled_or_eager(after_attention) if compiled else after_attention
 
     def before(self, i: int, x: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
-        try:
-            return self._before(x, *self.weights_in[i], cos, sin, self.n_heads, self.n_kv, self.head_dim)
-        except Exception:  # noqa: BLE001 - compiling is an optimisation only
-            if self._before is before_attention:
-                raise
-            self._before, self._after = before_attention, after_attention
-            return self.before(i, x, cos, sin)
+        return self._before(x, *self.weights_in[i], cos, sin, self.n_heads, self.n_kv, self.head_dim)
 
     def after(self, i: int, x: Any, o: Any) -> Any:
-        try:
-            return self._after(x, o, *self.weights_out[i])
-        except Exception:  # noqa: BLE001
-            if self._after is after_attention:
-                raise
-            self._before, self._after = before_attention, after_attention
-            return self.after(i, x, o)
+        return self._after(x, o, *self.weights_out[i])

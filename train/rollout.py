@@ -23,7 +23,6 @@ else; `engine="auto"` picks the fast one when it can.
 from __future__ import annotations
 
 import time
-
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
