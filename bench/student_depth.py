@@ -50,28 +50,34 @@ def params_of(gguf: Path) -> int:
     return sum(int(t.n_elements) for t in GGUFReader(str(gguf)).tensors)
 
 
-def measure(gguf: Path, questions: list[str], tokens: int, repeats: int, threads: int) -> dict:
-    """Prompt and decode tokens/s of the agent's engine, in a child process (its own peak RSS)."""
-    code = f"""
-import json, resource, statistics, time
-from dgpo_edge.engines.llama_cpp import LlamaCppEngine
-engine = LlamaCppEngine({str(gguf)!r}, n_ctx=4096, threads={threads})
-engine.eos_ids = frozenset()
-contexts = [engine.encode(engine.render_prompt(q)) for q in {questions!r}]
-prompt, decode = [], []
-for _ in range({repeats}):
-    for ctx in contexts:
-        engine.reset()
-        r = engine.generate(ctx, {tokens} + 1, stop=()).result
-        prompt.append(len(ctx) / r.prompt_s)
-        decode.append(r.new_tokens / r.decode_s)
-engine.close()
-print(json.dumps({{"prompt_tok_s": statistics.median(prompt), "decode_tok_s": statistics.median(decode),
-                  "prompt_tokens": statistics.median(len(c) for c in contexts),
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
-"""
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+def measure(gguf: Path, args: argparse.Namespace) -> dict:
+    """One run: this script with `--measure GGUF` in a fresh process (its peak RSS is the model's)."""
+    cmd = [sys.executable, __file__, "--measure", str(gguf), "--data", str(args.data), "--contexts",
+           str(args.contexts), "--tokens", str(args.tokens), "--repeats", str(args.repeats), "--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def measure_here(gguf: Path, questions: list[str], tokens: int, repeats: int, threads: int) -> dict:
+    """Prompt and decode tokens/s of the agent's engine (medians), in this process."""
+    import resource
+
+    from dgpo_edge.engines.llama_cpp import LlamaCppEngine
+
+    engine = LlamaCppEngine(gguf, n_ctx=4096, threads=threads)
+    engine.eos_ids = frozenset()   # decode exactly `tokens` tokens
+    contexts = [engine.encode(engine.render_prompt(q)) for q in questions]
+    prompt, decode = [], []
+    for _ in range(repeats):
+        for ctx in contexts:
+            engine.reset()
+            r = engine.generate(ctx, tokens + 1, stop=()).result
+            prompt.append(len(ctx) / r.prompt_s)
+            decode.append(r.new_tokens / r.decode_s)
+    engine.close()
+    return {"prompt_tok_s": statistics.median(prompt), "decode_tok_s": statistics.median(decode),
+            "prompt_tokens": statistics.median(len(c) for c in contexts),
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def cpu_name() -> str:
@@ -86,7 +92,8 @@ def cpu_name() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--base", type=Path, required=True, help="the converted 30-layer SmolLM2 (model from-gguf)")
+    ap.add_argument("--base", type=Path, help="the converted 30-layer SmolLM2 (model from-gguf)")
+    ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)   # one run on this GGUF (a child process)
     ap.add_argument("--depths", default="15,20,24,30")
     ap.add_argument("--data", type=Path, default=Path("out/factbookqa/dev.jsonl"))
     ap.add_argument("--contexts", type=int, default=5)
@@ -100,20 +107,25 @@ def main() -> None:
     args = ap.parse_args()
     from dgpo_edge.datasets import read_qa
 
-    args.work.mkdir(parents=True, exist_ok=True)
     questions = [x.question for x in read_qa(str(args.data), limit=args.contexts)]
+    if args.measure:
+        print(json.dumps(measure_here(args.measure, questions, args.tokens, args.repeats, args.threads)))
+        return
+    if args.base is None:
+        ap.error("--base is required")
+    args.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for depth in (int(d) for d in args.depths.split(",")):
         t0 = time.perf_counter()
         gguf = build(args.base, depth, args.work)
-        runs = [measure(gguf, questions, args.tokens, args.repeats, args.threads) for _ in range(args.runs)]
+        runs = [measure(gguf, args) for _ in range(args.runs)]
         row = {"layers": depth, "params": params_of(gguf), "gguf_bytes": gguf.stat().st_size,
                **{key: statistics.median(r[key] for r in runs) for key in runs[0]},
                "decode_tok_s_runs": [round(r["decode_tok_s"], 1) for r in runs]}
         rows.append({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()})
         print(f"{depth} layers: {row['params'] / 1e6:.1f} M params, decode {row['decode_tok_s']:.0f} tok/s, "
               f"prompt {row['prompt_tok_s']:.0f} tok/s ({time.perf_counter() - t0:.0f} s)", flush=True)
-    result = {"machine": f"{cpu_name()}, {args.threads} threads",
+    result = {"card": f"{cpu_name()}, {args.threads} threads",   # the device it ran on (here a CPU)
               "commit": args.commit, "tokens": args.tokens, "contexts": args.contexts, "repeats": args.repeats,
               "rows": rows}
     if args.out:
