@@ -11,14 +11,13 @@ laptop.
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
+from .fts_postings import Postings
 from .protocol import Passage
 
 TOKENIZER = "unicode61 remove_diacritics 2"
@@ -75,82 +74,68 @@ def search(db: sqlite3.Connection, name: str, query: str, k: int,
 class BM25Index:
     """An in-memory index over passages (no file to build); `search` returns Passages.
 
-    `search_many` answers a batch of queries (a rollout round's searches) on several threads,
-    each with its own copy of the in-memory database (SQLite runs a query without the GIL, but
-    one connection runs one query at a time); repeated queries are answered once.
+    Queries are scored by `fts_postings.Postings` (FTS5's bm25() over numpy arrays, the same
+    scores bit for bit, built on the first search); a query with a word FTS5 reads as a phrase
+    goes to SQLite. `postings=False` sends every query to SQLite (benchmarks, tests).
 
     Answers are kept in a bounded cache (the last `cache_size` distinct queries): the index never
     changes, so a cached answer is the answer. RL asks the same questions again every epoch and a
-    student's searches for one question mostly repeat; a query of common words ("what is the ...")
-    makes FTS5 score most of the corpus, so a repeat saved is worth having.
+    student's searches for one question mostly repeat.
     """
 
     def __init__(self, passages: Iterable[Passage], title_weight: float = TITLE_WEIGHT,
-                 threads: int | None = None, cache_size: int = 100_000):
+                 cache_size: int = 100_000, postings: bool = True):
         self.title_weight = title_weight
         self._passages = list(passages)
-        self._db = sqlite3.connect(":memory:")
+        self._db = sqlite3.connect(":memory:", check_same_thread=False)
         create_table(self._db, "p")
         insert(self._db, "p", enumerate(self._passages))
-        self._db.commit()  # serialize() copies committed pages only
-        self.threads = threads if threads is not None else min(8, os.cpu_count() or 1)
-        self._image: bytes | None = None
-        self._local = threading.local()
-        self._pool: ThreadPoolExecutor | None = None
+        self._db.commit()
+        self._use_postings = postings
+        self._postings: Postings | None = None
+        self._lock = threading.Lock()   # one connection, one query at a time
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[str, int], list[Passage]] = OrderedDict()
-        self._cache_lock = threading.Lock()
-        self.searched = 0   # queries that reached SQLite (the rest came from the cache)
+        self.searched = 0   # queries scored (the rest came from the cache)
+        self.phrases = 0    # of those, queries SQLite scored (a word FTS5 splits into a phrase)
 
     def search(self, query: str, k: int = 3) -> list[Passage]:
         """Top-k passages for the words of `query`, scored."""
         return self.search_many([query], k)[0]
 
     def search_many(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
-        """`search` for each query, in order; the same results, on `threads` threads."""
-        unique = list(dict.fromkeys(queries))
-        found = self._cached(unique, k)
-        todo = [q for q in unique if q not in found]
-        if self.threads < 2 or len(todo) < 2 * self.threads:
-            fresh = {q: self._search(self._db, q, k) for q in todo}
-        else:
-            if self._pool is None:
-                self._image = self._db.serialize()
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bm25")
-            fresh = dict(zip(todo, self._pool.map(lambda q: self._search(self._thread_db(), q, k), todo)))
-        self._remember(fresh, k)
+        """`search` for each query, in order; repeated queries are scored once."""
+        with self._lock:
+            unique = list(dict.fromkeys(queries))
+            found = {q: self._cache[(q, k)] for q in unique if (q, k) in self._cache}
+            for q in found:
+                self._cache.move_to_end((q, k))
+            fresh = {q: self._search(q, k) for q in unique if q not in found}
+            self._remember(fresh, k)
         found.update(fresh)
         return [list(found[q]) for q in queries]
 
-    def _cached(self, queries: Iterable[str], k: int) -> dict[str, list[Passage]]:
-        with self._cache_lock:
-            hits = {q: self._cache[(q, k)] for q in queries if (q, k) in self._cache}
-            for q in hits:
-                self._cache.move_to_end((q, k))
-        return hits
+    def close(self) -> None:
+        """Nothing to release (kept for callers that close their retriever)."""
+
+    def _search(self, query: str, k: int) -> list[Passage]:
+        words = _QUERY_WORD.findall(query)
+        hits = None
+        if self._use_postings and words and k >= 1:
+            if self._postings is None:
+                self._postings = Postings(self._db, "p", len(self._passages), self.title_weight, TOKENIZER)
+            terms = self._postings.terms(words)
+            hits = None if terms is None else self._postings.top(terms, k)
+        if hits is None:
+            self.phrases += bool(words and k >= 1)
+            hits = search(self._db, "p", query, k, self.title_weight)
+        return [Passage(self._passages[row].id, self._passages[row].contents, score) for row, score in hits]
 
     def _remember(self, fresh: dict[str, list[Passage]], k: int) -> None:
-        with self._cache_lock:
-            self.searched += len(fresh)
-            if self.cache_size < 1:
-                return
-            for q, passages in fresh.items():
-                self._cache[(q, k)] = passages
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-
-    def _search(self, db: sqlite3.Connection, query: str, k: int) -> list[Passage]:
-        return [Passage(self._passages[row].id, self._passages[row].contents, score)
-                for row, score in search(db, "p", query, k, self.title_weight)]
-
-    def _thread_db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:  # this thread's own copy of the index (a few MB for FactbookQA)
-            db = self._local.db = sqlite3.connect(":memory:", check_same_thread=False)
-            db.deserialize(self._image)
-        return db
+        self.searched += len(fresh)
+        if self.cache_size < 1:
+            return
+        for q, passages in fresh.items():
+            self._cache[(q, k)] = passages
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)

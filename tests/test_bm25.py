@@ -96,33 +96,42 @@ def test_ties_are_broken_by_row():
     assert fts.match_expression("__ ?") is None
 
 
-def test_a_batch_of_searches_on_threads_equals_one_by_one(factbook):
-    # A rollout round's searches go through search_many: per-thread copies of the in-memory
-    # index must rank exactly as the index itself, repeated queries included.
+def test_postings_score_as_fts5_bit_for_bit(factbook):
+    # Training scores queries over numpy postings (dgpo_edge/fts_postings.py); SQLite's own bm25()
+    # must give the same rows, order and float scores, also for student-style questions whose
+    # common words match most passages (many near-ties) and for repeated words.
     passages = list(factbook[1].iter_passages())
-    index = BM25Index(passages, threads=3)
+    fast, sqlite_only = BM25Index(passages, cache_size=0), BM25Index(passages, cache_size=0, postings=False)
     titles = sorted({p.title.rpartition(" — ")[0] for p in passages})
     queries = [f"{name} {fact}" for name in titles[::11] for fact in FACT_WORDS] + ODD_QUERIES
-    queries += queries[:7]   # repeats are answered once and returned for each asker
-    assert len(set(queries)) >= 2 * index.threads   # the threaded path, not the small-batch one
-    plain = BM25Index(passages, threads=1, cache_size=0)
-    one_by_one = [plain.search(q, 5) for q in queries]
-    assert index.search_many(queries, 5) == one_by_one
-    assert index._pool is not None and index.searched == len(set(queries))
-    index.close()
+    queries += [f"what is the {fact} of {name}" for name in titles[::17] for fact in FACT_WORDS]
+    queries += ["the the the", "of", "a b c d e f g h i j k l m n o p"]
+    for k in (1, 3, 10, 50):
+        assert fast.search_many(queries, k) == sqlite_only.search_many(queries, k), k
+    assert fast.phrases == 0 and fast.searched == 4 * len(set(queries))
+
+
+def test_a_word_fts5_splits_is_a_phrase_and_goes_to_sqlite():
+    # unicode61 splits "aᦰb" into the tokens a, b (a phrase: both, adjacent); the postings
+    # score single tokens only, so that query is SQLite's, and ranks as SQLite ranks it.
+    passages = [Passage("0", '"One"\na b here'), Passage("1", '"Two"\nb a there a'), Passage("2", '"Three"\nab')]
+    index = BM25Index(passages)
+    assert [p.id for p in index.search("aᦰb", 3)] == ["0"] and index.phrases == 1
+    assert [p.id for p in index.search("a b", 3)] == [p.id for p in BM25Index(passages, postings=False).search("a b", 3)]
+    assert index.phrases == 1
 
 
 def test_answers_are_cached_and_the_cache_is_bounded(factbook):
     # The index never changes, so a cached answer is the answer: a second round of the same
-    # queries reaches SQLite for none of them, and the oldest answers leave a full cache first.
+    # queries is scored for none of them, and the oldest answers leave a full cache first.
     passages = list(factbook[1].iter_passages())
-    index = BM25Index(passages, threads=1, cache_size=4)
+    index = BM25Index(passages, cache_size=4)
     queries = ["Peru capital", "Chile currency", "Kenya population", "Fiji coastline", "Nepal area"]
     first = index.search_many(queries, 3)
     assert index.searched == 5 and len(index._cache) == 4
     assert index.search_many(queries[1:], 3) == first[1:] and index.searched == 5   # all four cached
     assert index.search_many(queries[:1], 3) == first[:1] and index.searched == 6   # evicted: searched again
     assert index.search("Peru capital", 5) != index.search("Peru capital", 3)      # k is part of the key
-    uncached = BM25Index(passages, threads=1, cache_size=0)
+    uncached = BM25Index(passages, cache_size=0)
     assert uncached.search_many(queries * 2, 3) == first * 2 and uncached.searched == 5
     assert uncached.search_many(queries, 3) == first and uncached.searched == 10
