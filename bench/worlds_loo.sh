@@ -12,6 +12,7 @@
 #
 #   bench/worlds_loo.sh                   # held out: notes (GPU 0) and elements (GPU 1)
 #   bench/worlds_loo.sh notes cities      # held out: these
+#   DGPO_MINUTES=0 bench/worlds_loo.sh none   # every world in: the mixture `all` (a student to ship)
 #
 # WEIGHTS: relative weights of every world; the held-out one is dropped from its mixture (with every
 # NAME@SEED entry of it: `notes@2=0.1` adds the notes world built with seed 2, other people). notes@1
@@ -23,7 +24,8 @@
 # bench/factbook_rows.sh pack/unpack), PREP_STUDENT (1: convert and prune
 # the student when absent), STUDENT_LAYERS (15: the student's depth, of SmolLM2's 30; runs of another
 # depth are named ...-LLl, e.g. worlds-kd-notes-out-24l, and their rows kd-24l, dgpo-24l), SMOL_GGUF,
-# PYTHON, COMMIT (recorded in the rows; default git's).
+# GPUS (the GPU indices lanes take in turn; default every GPU), PYTHON, COMMIT (recorded in the
+# rows; default git's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 held=("$@")
@@ -60,18 +62,21 @@ evaluate() {  # NAME@MIXTURE=DIR: test EM on every world's own corpus
   done
 }
 
-lane() {  # HELD_OUT: mix, teacher, KD, then DGPO beside the KD and teacher evaluations
-  local h=$1 mix=$out/worlds-mix/$1-out
-  local teacher=$out/runs/worlds-teacher-sft-$1-out kd=$out/runs/worlds-kd-$1-out$tag dgpo=$out/runs/worlds-dgpo-$1-out$tag
+lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD and teacher evaluations
+  local h=$1 mixture=$1-out
+  [[ $h != none ]] || mixture=all
+  local mix=$out/worlds-mix/$mixture hold=()
+  [[ $h == none ]] || hold=(--hold-out "$h")
+  local teacher=$out/runs/worlds-teacher-sft-$mixture kd=$out/runs/worlds-kd-$mixture$tag dgpo=$out/runs/worlds-dgpo-$mixture$tag
   local args=() data=(data.train="$mix/oracle.jsonl" data.dev="$mix/dev.jsonl" data.retriever="$mix/corpus.jsonl")
   worlds=()  # evaluated: each world once (an entry NAME@SEED trains on NAME at another seed)
   for w in "${weights[@]}"; do
-    name=${w%%=*}; base=${name%%@*}
+    local name=${w%%=*} base; base=${name%%@*}
     [[ " ${worlds[*]} " == *" $base "* ]] || worlds+=("$base")
     [[ $base == "$h" ]] || args+=(--world "$w")
   done
-  [[ " ${worlds[*]} " == *" $h "* ]] || worlds+=("$h")
-  [ -f "$mix/manifest.json" ] || "${de[@]}" data mix "${args[@]}" --hold-out "$h" --worlds-dir "$worlds_dir" \
+  [[ $h == none || " ${worlds[*]} " == *" $h "* ]] || worlds+=("$h")
+  [ -f "$mix/manifest.json" ] || "${de[@]}" data mix "${args[@]}" "${hold[@]}" --worlds-dir "$worlds_dir" \
     --out "$mix" ${MIX_ARGS:-}
   # The teacher is measured on whole test splits below, so no dev evaluation inside its run.
   [ -f "$teacher/summary.json" ] || "${de[@]}" train sft --config train/configs/worlds-teacher-sft.yaml \
@@ -85,21 +90,21 @@ lane() {  # HELD_OUT: mix, teacher, KD, then DGPO beside the KD and teacher eval
         --config train/configs/worlds-dgpo.yaml run.out_dir="$dgpo" model.path="$kd/checkpoints/best" \
         teacher.path="$teacher/checkpoints/last" data.train="$mix/train.jsonl" data.dev="$mix/dev.jsonl" \
         data.retriever="$mix/corpus.jsonl" eval.at_start=false log.save_every=10 log.progress=false \
-        ${DGPO_ARGS:-} || log "dgpo $h: rc=$?" ) > "$out/logs/worlds-dgpo-$h.log" 2>&1 &
+        ${DGPO_ARGS:-} || log "dgpo $h: rc=$?" ) > "$out/logs/worlds-dgpo-$mixture.log" 2>&1 &
   fi
-  evaluate "kd$tag@$h-out=$kd/checkpoints/best"
-  evaluate "teacher@$h-out=$teacher/checkpoints/last"
+  evaluate "kd$tag@$mixture=$kd/checkpoints/best"
+  evaluate "teacher@$mixture=$teacher/checkpoints/last"
   wait
-  [ ! -d "$dgpo/checkpoints/best" ] || evaluate "dgpo$tag@$h-out=$dgpo/checkpoints/best"
+  [ ! -d "$dgpo/checkpoints/best" ] || evaluate "dgpo$tag@$mixture=$dgpo/checkpoints/best"
   if [[ ${PACK:-0} == 1 ]]; then
     mkdir -p out/pack && cp -r "$kd/checkpoints/best/adapter" "out/pack/$(basename "$kd")-adapter"
     if [ -d "$dgpo/checkpoints/best" ]; then bash bench/factbook_rows.sh pack "$dgpo/checkpoints/best"; fi
   fi
 }
 
-gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l || true)
-for i in "${!held[@]}"; do  # lane i on GPU i (mod the GPUs there are); all lanes at once
-  ( if [[ ${gpus:-0} -gt 0 ]]; then export CUDA_VISIBLE_DEVICES=$(( i % gpus )); fi
+gpus=(${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true)})
+for i in "${!held[@]}"; do  # lane i on the i-th GPU (mod the GPUs there are); all lanes at once
+  ( if [[ ${#gpus[@]} -gt 0 ]]; then export CUDA_VISIBLE_DEVICES=${gpus[$(( i % ${#gpus[@]} ))]}; fi
     lane "${held[$i]}" > "$out/logs/worlds-lane-${held[$i]}.log" 2>&1
     log "lane ${held[$i]} done (log: $out/logs/worlds-lane-${held[$i]}.log)" ) &
 done
