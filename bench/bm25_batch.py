@@ -8,7 +8,12 @@ common words make FTS5 score most of the corpus. Prints the median seconds per b
 `--repeats` batches for each way, the one-off cost of building the postings, and checks that
 both ways return the same passages with the same scores.
 
-    python bench/bm25_batch.py --data out/factbookqa --batch 192 --repeats 7
+With `--tokenizer DIR`, also the other host work of a search: the information blocks of the
+batch's passages (top 3, 500 tokens, shortened by a binary search over the text as the episodes
+do), built with a fresh `protocol.InformationBlocks` and with one that built them before (an RL
+run's next epoch); both must give the same blocks.
+
+    python bench/bm25_batch.py --data out/factbookqa --batch 192 --repeats 7 --tokenizer TOKENIZER_DIR
     python bench/bm25_batch.py --data out/worlds-mix/notes-out --batch 256 --repeats 7
 """
 
@@ -32,6 +37,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=192)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer", type=Path, help="also time the information blocks with this tokenizer")
     args = ap.parse_args()
 
     from dgpo_edge.fts import BM25Index
@@ -59,10 +65,34 @@ def main() -> None:
                 answers.append(index.search_many(b, 3))
                 times[name].append(time.perf_counter() - t0)
             assert answers[0] == answers[1], f"{kind}: the postings rank differently from SQLite"
+            if args.tokenizer:
+                _time_blocks(args.tokenizer, answers[1], times)
         result["median_s"][kind] = {name: round(statistics.median(t), 4) for name, t in times.items()}
         result["median_s"][kind]["speedup"] = round(result["median_s"][kind]["sqlite"]
                                                     / max(result["median_s"][kind]["postings"], 1e-9), 1)
     print(json.dumps(result, indent=1))
+
+
+def _time_blocks(tokenizer_dir: Path, results: list, times: dict) -> None:
+    """The batch's information blocks, from a fresh memory and again from the same one."""
+    from transformers import AutoTokenizer
+
+    from dgpo_edge import protocol
+    from dgpo_edge.train.rollout import observation_blocks
+
+    global _TOKENIZER
+    _TOKENIZER = _TOKENIZER or AutoTokenizer.from_pretrained(tokenizer_dir)
+    blocks = observation_blocks(_TOKENIZER)
+    built = []
+    for name in ("blocks_fresh", "blocks_remembered"):
+        t0 = time.perf_counter()
+        built.append([blocks(passages, 500) for passages in results])
+        times.setdefault(name, []).append(time.perf_counter() - t0)
+    plain = observation_blocks(_TOKENIZER).count_tokens
+    assert built[0] == built[1] == [protocol.information_block(p, 500, plain) for p in results]
+
+
+_TOKENIZER = None
 
 
 if __name__ == "__main__":

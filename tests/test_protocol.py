@@ -19,6 +19,7 @@ from dgpo_edge.chat_template import ChatTemplate
 from dgpo_edge.protocol import (
     INVALID_ACTION_FEEDBACK,
     Action,
+    InformationBlocks,
     Passage,
     ProtocolConfig,
     escape_tags,
@@ -185,6 +186,29 @@ def test_information_block_golden():
         '\n\n<information>Doc 1(Title: "Evan Morris") Evan Morris Evan L. Morris (January 26, 1977 '
         "\u2013 July 9, 2015) was a lobbyist for Genentech and its parent corporation Roche in "
         "Washington.</information>\n\n")
+
+
+def test_information_blocks_remember_the_fitting_length_and_build_the_same_blocks():
+    """A shared memory builds exactly `information_block`'s blocks; passages seen before (at the same
+    limit) are not counted again; the memory is bounded, oldest out first."""
+    calls = []
+
+    def words(text):  # a token counter that records every text it counts
+        calls.append(text)
+        return len(text.split())
+
+    blocks = InformationBlocks(words, size=3)
+    sets = [[EVAN, WORM], [EVAN], [WORM], [WORM, EVAN]]
+    for passages in sets:
+        for limit in (None, 8, 20, 10_000):
+            assert blocks(passages, limit) == information_block(passages, limit, words)
+    expected, misses = information_block([WORM, EVAN], 20, words), blocks.misses
+    calls.clear()
+    assert blocks([WORM, EVAN], 20) == expected and not calls and blocks.misses == misses   # remembered
+    assert len(blocks._fits) == 3 and blocks.hits == 1
+    calls.clear()
+    blocks([EVAN, WORM], 8)                                                        # evicted long ago: counted again
+    assert calls and blocks.misses == misses + 1
 
 
 def test_format_docs_edge_forms():

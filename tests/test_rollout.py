@@ -20,7 +20,7 @@ import test_rollout_support as support  # noqa: E402
 import torch  # noqa: E402
 from dgpo_edge.train.decoding import PlainDecoder, RolloutSampling, StopScanner, sample_next  # noqa: E402
 from dgpo_edge.train.fast_decode import FastDecoder  # noqa: E402
-from dgpo_edge.train.rollout import RolloutConfig, evaluate_em, generate_rollouts  # noqa: E402
+from dgpo_edge.train.rollout import RolloutConfig, evaluate_em, generate_rollouts, observation_blocks  # noqa: E402
 from test_rollout_support import EPISODES, tiny_model  # noqa: E402
 
 from dgpo_edge import protocol  # noqa: E402
@@ -295,6 +295,20 @@ def test_total_and_observation_budgets(memorized, smol_tok, retriever):
                            _cfg(greedy=True, max_obs_tokens=24))
     info = rs[0].transcript.searches()[0]
     assert len(encode(info.text)) <= 24 and info.text.endswith("</information>\n\n")
+
+
+def test_a_block_memory_kept_across_calls_changes_nothing_but_the_counting(memorized, smol_tok, retriever):
+    # RL holds one observation_blocks for the run: the second step's observations of passages seen
+    # in the first are remembered, and every rollout is the one a fresh memory gives.
+    cfg = _cfg(greedy=True, max_obs_tokens=24)
+    blocks = observation_blocks(smol_tok)
+    first = generate_rollouts(memorized, smol_tok, [KNOWN_Q] * 2, [[KNOWN_GOLD]] * 2, retriever, cfg, blocks=blocks)
+    misses = blocks.misses
+    again = generate_rollouts(memorized, smol_tok, [KNOWN_Q], [[KNOWN_GOLD]], retriever, cfg, blocks=blocks)
+    fresh = generate_rollouts(memorized, smol_tok, [KNOWN_Q], [[KNOWN_GOLD]], retriever, cfg)
+    assert misses >= 1 and blocks.hits >= 2 and blocks.misses == misses
+    assert _sig(again) == _sig(fresh) == _sig(first[:1])
+    assert [s.text for s in again[0].transcript.segments] == [s.text for s in fresh[0].transcript.segments]
 
 
 def test_evaluate_em_is_greedy(memorized, smol_tok, retriever):

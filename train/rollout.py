@@ -140,10 +140,21 @@ def render(question: str, tokenizer: Any, config: RolloutConfig) -> str:
     return protocol.render_prompt(question, tokenizer if use_template else None)
 
 
+def observation_blocks(tokenizer: Any) -> protocol.InformationBlocks:
+    """Information blocks counted as the episodes count them (`plain` tokens), with a memory.
+
+    Hold one across calls of `generate_rollouts` (an RL run does): the passages of an epoch's
+    searches come back the next epoch, and a remembered block is not tokenized again.
+    """
+    plain = encoder_for(tokenizer).plain
+    return protocol.InformationBlocks(lambda text: len(plain(text)))
+
+
 def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
                       golds: Sequence[Sequence[str]] | None, retriever: Retriever | None,
                       config: RolloutConfig = RolloutConfig(), engine: Any | None = None,
-                      on_batch: Any | None = None, timings: dict | None = None) -> list[Rollout]:
+                      on_batch: Any | None = None, timings: dict | None = None,
+                      blocks: protocol.InformationBlocks | None = None) -> list[Rollout]:
     """Play one episode per question, `config.batch_size` at a time; results in input order.
 
     `golds` (aliases per question) gives each rollout its EM score; None scores 0.
@@ -152,7 +163,9 @@ def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
     called after each batch of n episodes (progress bars). `timings`, when given,
     gains the seconds spent in the engine ("decode": prefill and decoding, the
     tokens back on the host) and in the retriever ("search"); the rest of the
-    wall time is the host's own work between turns.
+    wall time is the host's own work between turns. `blocks` (from `observation_blocks` for
+    this tokenizer) builds the observations with a memory kept across calls; by default each
+    call has its own.
     """
     import torch
 
@@ -162,6 +175,7 @@ def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(config.seed)
     encode = encoder_for(tokenizer)
+    blocks = blocks or observation_blocks(tokenizer)
     out: list[Rollout] = []
     was_training = model.training   # called from training loops: no dropout while sampling
     model.eval()
@@ -169,7 +183,7 @@ def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
         for start in range(0, len(questions), config.batch_size):
             qs = questions[start:start + config.batch_size]
             gs = golds[start:start + config.batch_size] if golds is not None else [()] * len(qs)
-            episodes = [Episode(q, render(q, tokenizer, config), encode, config.protocol) for q in qs]
+            episodes = [Episode(q, render(q, tokenizer, config), encode, config.protocol, blocks=blocks) for q in qs]
             _play(episodes, engine, tokenizer, retriever, config, generator, timings)
             out.extend(_result(e, tuple(g)) for e, g in zip(episodes, gs))
             if on_batch is not None:

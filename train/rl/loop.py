@@ -55,7 +55,7 @@ from .models import (
     lm_full_vocab_kl,
     make_critic,
 )
-from ..rollout import RolloutConfig, generate_rollouts, make_engine
+from ..rollout import RolloutConfig, generate_rollouts, make_engine, observation_blocks
 from ..rollout_copy import RolloutCopy
 from ..models import load_frozen, load_lm, load_tokenizer
 from ..plumbing import (
@@ -200,6 +200,7 @@ class RLTrainer:
         use_copy = r.weights == "bf16_copy" or (r.weights == "auto" and self.bf16 and self.acc.device.type == "cuda")
         self.rollout_copy = RolloutCopy(self.lm) if use_copy else None
         self.engine = make_engine(self.rollout_lm, self.tokenizer, self.rollout_config)
+        self.blocks = observation_blocks(self.tokenizer)   # kept across steps: passages come back
 
     def _prepare_ddp(self, policy: Any, actor_opt: Any, adam: Callable, schedule: Callable) -> None:
         """One process, or DDP: actor and critic prepared together by the one Accelerator."""
@@ -320,7 +321,7 @@ class RLTrainer:
         self._rollout_timings = {"decode": 0.0, "search": 0.0}
         rollouts = generate_rollouts(self.rollout_lm, self.tokenizer, [e.question for e in chosen],
                                      [tuple(e.answers) for e in chosen], self.retriever, config, engine=self.engine,
-                                     timings=self._rollout_timings)
+                                     timings=self._rollout_timings, blocks=self.blocks)
         return pack(rollouts, groups, self.pad_id, self.acc.device), rollouts
 
     # -- 2. scoring and advantages ----------------------------------------------------------------
