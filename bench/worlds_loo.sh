@@ -17,7 +17,8 @@
 # WEIGHTS: relative weights of every world; the held-out one is dropped from its mixture (with every
 # NAME@SEED entry of it: `notes@2=0.1` adds the notes world built with seed 2, other people). notes@1
 # is refused: seed 1 is notes-s1, the unseen notes every model is scored on.
-# DGPO_MINUTES (10; 0: no DGPO), OUT (out), WORLDS_DIR ($OUT/worlds), RESULTS
+# DGPO_MINUTES (10; 0: no DGPO), WORK_DIR (out; not OUT, which the GPU machine sets for returned files),
+# WORLDS_DIR ($WORK_DIR/worlds), RESULTS
 # (bench/results/worlds.json), MIX_ARGS (more `data mix` options), SFT_ARGS / KD_ARGS / DGPO_ARGS
 # (more key=value overrides), EVAL_LIMIT (first N test questions), PACK (1: the DGPO student as a Q8_0
 # GGUF in 15 MiB pieces under out/pack, and the KD adapter copied there, so they can leave a lease:
@@ -32,7 +33,7 @@ held=("$@")
 [ ${#held[@]} -gt 0 ] || held=(notes elements)
 py=${PYTHON:-python3}
 de=("$py" -m dgpo_edge)
-out=${OUT:-out}
+out=${WORK_DIR:-out}
 worlds_dir=${WORLDS_DIR:-$out/worlds}
 weights=(${WEIGHTS:-factbook=0.35 cities=0.2 dictionary=0.15 elements=0.15 notes=0.15})
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
