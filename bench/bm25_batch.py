@@ -54,6 +54,11 @@ def main() -> None:
     postings.search("warm up", 3)   # builds the postings
     result = {"data": str(args.data), "passages": len(passages), "batch": args.batch, "repeats": args.repeats,
               "postings_build_s": round(time.perf_counter() - t0, 3), "median_s": {}}
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     rng = random.Random(args.seed)
     for kind, queries in kinds.items():
         batches = [rng.sample(queries, min(args.batch, len(queries))) for _ in range(args.repeats)]
@@ -65,34 +70,26 @@ def main() -> None:
                 answers.append(index.search_many(b, 3))
                 times[name].append(time.perf_counter() - t0)
             assert answers[0] == answers[1], f"{kind}: the postings rank differently from SQLite"
-            if args.tokenizer:
-                _time_blocks(args.tokenizer, answers[1], times)
+            if tokenizer is not None:
+                _time_blocks(tokenizer, answers[1], times)
         result["median_s"][kind] = {name: round(statistics.median(t), 4) for name, t in times.items()}
         result["median_s"][kind]["speedup"] = round(result["median_s"][kind]["sqlite"]
                                                     / max(result["median_s"][kind]["postings"], 1e-9), 1)
     print(json.dumps(result, indent=1))
 
 
-def _time_blocks(tokenizer_dir: Path, results: list, times: dict) -> None:
+def _time_blocks(tokenizer, results: list, times: dict) -> None:
     """The batch's information blocks, from a fresh memory and again from the same one."""
-    from transformers import AutoTokenizer
-
     from dgpo_edge import protocol
     from dgpo_edge.train.rollout import observation_blocks
 
-    global _TOKENIZER
-    _TOKENIZER = _TOKENIZER or AutoTokenizer.from_pretrained(tokenizer_dir)
-    blocks = observation_blocks(_TOKENIZER)
+    blocks = observation_blocks(tokenizer)
     built = []
     for name in ("blocks_fresh", "blocks_remembered"):
         t0 = time.perf_counter()
         built.append([blocks(passages, 500) for passages in results])
         times.setdefault(name, []).append(time.perf_counter() - t0)
-    plain = observation_blocks(_TOKENIZER).count_tokens
-    assert built[0] == built[1] == [protocol.information_block(p, 500, plain) for p in results]
-
-
-_TOKENIZER = None
+    assert built[0] == built[1] == [protocol.information_block(p, 500, blocks.count_tokens) for p in results]
 
 
 if __name__ == "__main__":

@@ -64,10 +64,9 @@ evaluate() {  # NAME@MIXTURE=DIR: test EM on every world's own corpus
 }
 
 lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD and teacher evaluations
-  local h=$1 mixture=$1-out
-  [[ $h != none ]] || mixture=all
-  local mix=$out/worlds-mix/$mixture hold=()
-  [[ $h == none ]] || hold=(--hold-out "$h")
+  local h=$1 mixture=$1-out hold=(--hold-out "$1")
+  if [[ $h == none ]]; then mixture=all hold=(); fi
+  local mix=$out/worlds-mix/$mixture
   local teacher=$out/runs/worlds-teacher-sft-$mixture kd=$out/runs/worlds-kd-$mixture$tag dgpo=$out/runs/worlds-dgpo-$mixture$tag
   local args=() data=(data.train="$mix/oracle.jsonl" data.dev="$mix/dev.jsonl" data.retriever="$mix/corpus.jsonl")
   worlds=()  # evaluated: each world once (an entry NAME@SEED trains on NAME at another seed)

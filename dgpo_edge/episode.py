@@ -60,9 +60,10 @@ class Episode:
     tokenizes forced text - observations and feedback - with special and added
     tokens read as text, so a passage never yields a control token (default:
     `encode.plain` when `encode` has one, as `encoder_for`'s do, else `encode`);
-    `count_tokens` measures information blocks (default: `len(plain(text))`); `blocks`, a
-    `protocol.InformationBlocks` over that same count, builds them with a memory shared by
-    many episodes (rollouts: the same passages come back every epoch);
+    `count_tokens` measures information blocks (default: `len(plain(text))`); `blocks` builds
+    them (default: a `protocol.InformationBlocks` over `count_tokens` of this episode's own;
+    rollouts pass one over the same count shared by many episodes, since the same passages
+    come back every epoch);
     `max_tokens` caps the total budget (an engine's context window).
     """
 
@@ -73,7 +74,7 @@ class Episode:
         self.encode = encode
         self.plain = plain or getattr(encode, "plain", None) or encode
         self.count_tokens = count_tokens or (lambda text: len(self.plain(text)))
-        self.blocks = blocks
+        self.blocks = blocks or protocol.InformationBlocks(self.count_tokens)
         self.budget = config.max_total_tokens if max_tokens is None else min(config.max_total_tokens, max_tokens)
         self.transcript = Transcript(question)
         self.tokens = TokenizedTranscript([], [])
@@ -143,10 +144,7 @@ class Episode:
         if self._searching is None or query != self._searching:
             raise RuntimeError(f"no search for {query!r} is waiting on passages")
         shown = list(passages)[: self.config.top_k]
-        if self.blocks is not None:
-            block = self.blocks(shown, self.config.max_obs_tokens)
-        else:
-            block = protocol.information_block(shown, self.config.max_obs_tokens, self.count_tokens)
+        block = self.blocks(shown, self.config.max_obs_tokens)
         self.transcript.append_information(query, shown, block=block)
         self._force(block)
         self._searching = None

@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from .fts_postings import Postings
+from .lru import LRU
 from .protocol import Passage
 
 TOKENIZER = "unicode61 remove_diacritics 2"
@@ -94,8 +94,7 @@ class BM25Index:
         self._use_postings = postings
         self._postings: Postings | None = None
         self._lock = threading.Lock()   # one connection, one query at a time
-        self.cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, int], list[Passage]] = OrderedDict()
+        self._cache: LRU[tuple[str, int], list[Passage]] = LRU(cache_size)
         self.searched = 0   # queries scored (the rest came from the cache)
         self.phrases = 0    # of those, queries SQLite scored (a word FTS5 splits into a phrase)
 
@@ -107,11 +106,11 @@ class BM25Index:
         """`search` for each query, in order; repeated queries are scored once."""
         with self._lock:
             unique = list(dict.fromkeys(queries))
-            found = {q: self._cache[(q, k)] for q in unique if (q, k) in self._cache}
-            for q in found:
-                self._cache.move_to_end((q, k))
+            found = {q: hit for q in unique if (hit := self._cache.get((q, k))) is not None}
             fresh = {q: self._search(q, k) for q in unique if q not in found}
-            self._remember(fresh, k)
+            self.searched += len(fresh)
+            for q, passages in fresh.items():
+                self._cache.put((q, k), passages)
         found.update(fresh)
         return [list(found[q]) for q in queries]
 
@@ -130,12 +129,3 @@ class BM25Index:
             self.phrases += bool(words and k >= 1)
             hits = search(self._db, "p", query, k, self.title_weight)
         return [Passage(self._passages[row].id, self._passages[row].contents, score) for row, score in hits]
-
-    def _remember(self, fresh: dict[str, list[Passage]], k: int) -> None:
-        self.searched += len(fresh)
-        if self.cache_size < 1:
-            return
-        for q, passages in fresh.items():
-            self._cache[(q, k)] = passages
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)

@@ -17,10 +17,11 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from .lru import LRU
 
 # --- the strings released checkpoints were trained on -------------------------
 
@@ -270,8 +271,7 @@ class InformationBlocks:
 
     def __init__(self, count_tokens: Callable[[str], int], size: int = 65536):
         self.count_tokens = count_tokens
-        self.size = size
-        self._fits: OrderedDict[tuple[bytes, int | None], int] = OrderedDict()
+        self._fits: LRU[tuple[bytes, int | None], int] = LRU(size)
         self.hits = self.misses = 0
 
     def __call__(self, passages: Sequence[Passage], max_tokens: int | None) -> str:
@@ -280,12 +280,10 @@ class InformationBlocks:
         length = self._fits.get(key)
         if length is None:
             self.misses += 1
-            length = self._fits[key] = _fitting_length(docs, max_tokens, self.count_tokens)
-            if len(self._fits) > self.size:
-                self._fits.popitem(last=False)
+            length = _fitting_length(docs, max_tokens, self.count_tokens)
+            self._fits.put(key, length)
         else:
             self.hits += 1
-            self._fits.move_to_end(key)
         return _wrap(docs[:length].rstrip())
 
 
