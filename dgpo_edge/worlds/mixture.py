@@ -103,15 +103,16 @@ def ensure_world(name: str, folder: Path, seed: int, say: Callable[[str], None])
     """
     manifest_path = folder / "manifest.json"
     world, own_seed = split_entry(name)
+    seed = seed if own_seed is None else own_seed
     if not manifest_path.is_file():
         say(f"building world {name} into {folder}")
-        registry.build(world, folder, seed=seed if own_seed is None else own_seed, say=say)
+        registry.build(world, folder, seed=seed, say=say)
     manifest = _read_json(manifest_path)
     for file, digest in manifest.get("files", {}).items():
         path = folder / file
         if not path.is_file() or jsonio.file_digest(path) != digest:
             raise InputError(f"does not match {manifest_path} (rebuild the world with "
-                             f"`dgpo-edge data build {world} --out {folder}`)", path)
+                             f"`dgpo-edge data build {world} --seed {seed} --out {folder}`)", path)
     return manifest
 
 
