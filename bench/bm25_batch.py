@@ -10,8 +10,9 @@ both ways return the same passages with the same scores.
 
 With `--tokenizer DIR`, also the other host work of a search: the information blocks of the
 batch's passages (top 3, 500 tokens, shortened by a binary search over the text as the episodes
-do), built with a fresh `protocol.InformationBlocks` and with one that built them before (an RL
-run's next epoch); both must give the same blocks.
+do), built with a fresh `protocol.InformationBlocks` one block at a time, with a fresh one fitting the
+batch as one round (`prefetch`, batched tokenization: what RL rollouts do), and with one that built
+them before (an RL run's next epoch); all three must give the same blocks.
 
     python bench/bm25_batch.py --data out/factbookqa --batch 192 --repeats 7 --tokenizer TOKENIZER_DIR
     python bench/bm25_batch.py --data out/worlds-mix/notes-out --batch 256 --repeats 7
@@ -79,17 +80,23 @@ def main() -> None:
 
 
 def _time_blocks(tokenizer, results: list, times: dict) -> None:
-    """The batch's information blocks, from a fresh memory and again from the same one."""
+    """The batch's information blocks from a fresh memory one at a time (as each episode alone
+    does), from a fresh memory fitted as one round (`prefetch`: batched tokenization, as RL
+    rollouts do), and again from a memory that built them before (an RL run's next epoch)."""
     from dgpo_edge import protocol
     from dgpo_edge.train.rollout import observation_blocks
 
-    blocks = observation_blocks(tokenizer)
     built = []
-    for name in ("blocks_fresh", "blocks_remembered"):
+    for name in ("blocks_fresh", "blocks_fresh_batched", "blocks_remembered"):
+        blocks = remembered if name == "blocks_remembered" else observation_blocks(tokenizer)
         t0 = time.perf_counter()
+        if name == "blocks_fresh_batched":
+            blocks.prefetch(results, 500)
         built.append([blocks(passages, 500) for passages in results])
         times.setdefault(name, []).append(time.perf_counter() - t0)
-    assert built[0] == built[1] == [protocol.information_block(p, 500, blocks.count_tokens) for p in results]
+        remembered = blocks
+    assert built[0] == built[1] == built[2] == [protocol.information_block(p, 500, blocks.count_tokens)
+                                                for p in results]
 
 
 if __name__ == "__main__":

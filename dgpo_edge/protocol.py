@@ -172,7 +172,8 @@ def escape_tags(text: str) -> str:
     characters (maths, arrows) are left alone. The result contains no protocol
     tag and no special-token opener, even after NFKC normalisation.
     """
-    if not any(_folds_to_lt(c) for c in text):
+    # Each distinct character is checked once (passages are long, their alphabets short).
+    if not any(_folds_to_lt(c) for c in set(text)):
         return text
     out = []
     for i, ch in enumerate(text):
@@ -247,15 +248,32 @@ def information_block(passages: Sequence[Passage], max_tokens: int | None = None
 
 def _fitting_length(docs: str, max_tokens: int | None, count_tokens: Callable[[str], int] | None) -> int:
     """The longest prefix of `docs` whose block fits (a binary search: about a dozen tokenizations)."""
-    if max_tokens is None or count_tokens is None or count_tokens(_wrap(docs)) <= max_tokens:
+    if max_tokens is None or count_tokens is None:
         return len(docs)
-    lo, hi = 0, len(docs)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if count_tokens(_wrap(docs[:mid].rstrip())) <= max_tokens:
-            lo = mid
-        else:
-            hi = mid - 1
+    return _fitting_lengths([docs], max_tokens, lambda texts: [count_tokens(t) for t in texts])[0]
+
+
+def _fitting_lengths(docs: Sequence[str], max_tokens: int, count_many: Callable[[list[str]], list[int]]) -> list[int]:
+    """`_fitting_length` of many docs texts at once: the same binary searches, run side by side, so
+    that each round's candidate blocks are counted in one `count_many` call (a tokenizer's batch
+    encoder tokenizes them in parallel) and every search probes exactly what it would alone."""
+    whole = count_many([_wrap(d) for d in docs])
+    lo = [0] * len(docs)
+    hi = [len(d) if n > max_tokens else 0 for d, n in zip(docs, whole)]
+    fits = [i for i, n in enumerate(whole) if n <= max_tokens]
+    while True:
+        open_ = [i for i in range(len(docs)) if lo[i] < hi[i]]
+        if not open_:
+            break
+        mids = {i: (lo[i] + hi[i] + 1) // 2 for i in open_}
+        counts = count_many([_wrap(docs[i][:mids[i]].rstrip()) for i in open_])
+        for i, n in zip(open_, counts):
+            if n <= max_tokens:
+                lo[i] = mids[i]
+            else:
+                hi[i] = mids[i] - 1
+    for i in fits:
+        lo[i] = len(docs[i])
     return lo
 
 
@@ -266,17 +284,20 @@ class InformationBlocks:
     again (the same questions every epoch, the same searches for one question), and on FactbookQA
     that tokenizing was most of a rollout's host time. The memory holds, for the last `size`
     distinct (docs text, max_tokens), the length that fits, keyed by a 128-bit BLAKE2b digest of
-    the text, so a remembered block is the one `information_block` builds.
+    the text, so a remembered block is the one `information_block` builds. `prefetch` fits many
+    passage lists at once (a rollout's searches of one round) through `count_many`, a batch form
+    of `count_tokens` (default: `count_tokens` on each text).
     """
 
-    def __init__(self, count_tokens: Callable[[str], int], size: int = 65536):
+    def __init__(self, count_tokens: Callable[[str], int], size: int = 65536,
+                 count_many: Callable[[list[str]], list[int]] | None = None):
         self.count_tokens = count_tokens
+        self.count_many = count_many or (lambda texts: [count_tokens(t) for t in texts])
         self._fits: LRU[tuple[bytes, int | None], int] = LRU(size)
         self.hits = self.misses = 0
 
     def __call__(self, passages: Sequence[Passage], max_tokens: int | None) -> str:
-        docs = format_docs(passages).strip()
-        key = (hashlib.blake2b(docs.encode("utf-8"), digest_size=16).digest(), max_tokens)
+        docs, key = self._docs_and_key(passages, max_tokens)
         length = self._fits.get(key)
         if length is None:
             self.misses += 1
@@ -285,6 +306,30 @@ class InformationBlocks:
         else:
             self.hits += 1
         return _wrap(docs[:length].rstrip())
+
+    def prefetch(self, passage_lists: Iterable[Sequence[Passage]], max_tokens: int | None) -> None:
+        """Fit every passage list not yet in memory, all in one batched search, so that the calls for
+        them that follow are answered from memory (`misses` counts the lists fitted, here or in a
+        call; `hits` the calls answered from memory)."""
+        todo: dict[tuple[bytes, int | None], str] = {}
+        for passages in passage_lists:
+            docs, key = self._docs_and_key(passages, max_tokens)
+            if key not in todo and self._fits.get(key) is None:
+                todo[key] = docs
+        if not todo:
+            return
+        if max_tokens is None:
+            lengths = [len(d) for d in todo.values()]
+        else:
+            lengths = _fitting_lengths(list(todo.values()), max_tokens, self.count_many)
+        for key, length in zip(todo, lengths):
+            self._fits.put(key, length)
+        self.misses += len(todo)
+
+    @staticmethod
+    def _docs_and_key(passages: Sequence[Passage], max_tokens: int | None) -> tuple[str, tuple[bytes, int | None]]:
+        docs = format_docs(passages).strip()
+        return docs, (hashlib.blake2b(docs.encode("utf-8"), digest_size=16).digest(), max_tokens)
 
 
 def _wrap(docs: str) -> str:

@@ -26,29 +26,62 @@ from typing import Any
 Encode = Callable[[str], list[int]]
 
 
+def _piece_splitter(added: Iterable[str]) -> Callable[[str], list[str]] | None:
+    """text -> the pieces `plain` encodes one after another (cut inside every added token's
+    string); None when no added token can be cut."""
+    tokens = sorted({t for t in added if isinstance(t, str) and len(t) >= 2}, key=len, reverse=True)
+    if not tokens:
+        return None
+    # A lookahead finds every occurrence, overlapping ones included ("<reponame>" inside "<repo_name>"...).
+    find = re.compile("(?=(?:" + "|".join(map(re.escape, tokens)) + "))")
+
+    def pieces(text: str) -> list[str]:
+        cuts = sorted({m.start() + 1 for m in find.finditer(text)})
+        return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+    return pieces
+
+
 def plain_encoder(encode: Encode, added: Iterable[str]) -> Encode:
     """`encode` made to read every string in `added` as plain text (see the module docstring).
 
     Single-character tokens cannot be cut and are left to the tokenizer.
     """
-    tokens = sorted({t for t in added if isinstance(t, str) and len(t) >= 2}, key=len, reverse=True)
-    if not tokens:
+    pieces = _piece_splitter(added)
+    if pieces is None:
         return encode
-    # A lookahead finds every occurrence, overlapping ones included ("<reponame>" inside "<repo_name>"...).
-    find = re.compile("(?=(?:" + "|".join(map(re.escape, tokens)) + "))")
 
     def plain(text: str) -> list[int]:
-        cuts = sorted({m.start() + 1 for m in find.finditer(text)})
-        if not cuts:
-            return encode(text)
         ids: list[int] = []
-        start = 0
-        for cut in [*cuts, len(text)]:
-            ids.extend(encode(text[start:cut]))
-            start = cut
+        for piece in pieces(text):
+            ids.extend(encode(piece))
         return ids
 
     return plain
+
+
+def plain_counter(encode_many: Callable[[list[str]], list[list[int]]],
+                  added: Iterable[str]) -> Callable[[list[str]], list[int]]:
+    """texts -> `len(plain_encoder(encode, added)(text))` for each, with every piece of every
+    text encoded in one `encode_many` call (a tokenizer's batch encoder, parallel in Rust)."""
+    pieces = _piece_splitter(added) or (lambda text: [text])
+
+    def count_many(texts: list[str]) -> list[int]:
+        split = [pieces(t) for t in texts]
+        lengths = iter([len(ids) for ids in encode_many([p for ps in split for p in ps])])
+        return [sum(next(lengths) for _ in ps) for ps in split]
+
+    return count_many
+
+
+def batch_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]] | None:
+    """A batch form of `encoder_for(tokenizer)`'s encoding (no special tokens added): the Rust
+    `encode_batch` of a `tokenizers.Tokenizer` or of a transformers fast tokenizer's backend;
+    None for anything else."""
+    backend = tokenizer if hasattr(tokenizer, "encode_batch") else getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "encode_batch"):
+        return None
+    return lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
 
 
 def added_token_strings(tokenizer: Any) -> list[str]:

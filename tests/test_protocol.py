@@ -211,6 +211,36 @@ def test_information_blocks_remember_the_fitting_length_and_build_the_same_block
     assert calls and blocks.misses == misses + 1
 
 
+def test_prefetch_fits_many_blocks_with_the_searches_each_would_make_alone():
+    """`prefetch` runs every new passage list's binary search side by side: each round is one
+    batch call, the texts counted are exactly those the one-at-a-time search counts, and the
+    calls that follow build `information_block`'s blocks from memory without counting again."""
+    batches, alone = [], []
+
+    def words(text):
+        return len(text.split())
+
+    def many(texts):
+        batches.append(list(texts))
+        return [words(t) for t in texts]
+
+    sets = [[EVAN, WORM], [EVAN], [WORM], [WORM, EVAN], [EVAN, WORM]]   # one repeat
+    for limit in (6, 8, 20, 10_000):
+        batches.clear()
+        blocks = InformationBlocks(words, count_many=many)
+        blocks.prefetch(sets, limit)
+        assert blocks.misses == 4 and len(blocks._fits) == 4
+        alone.clear()
+        expected = [information_block(ps, limit, lambda t: alone.append(t) or words(t)) for ps in sets[:4]]
+        assert sorted(t for b in batches for t in b) == sorted(alone)       # the same probes, batched
+        assert len(batches) < len(alone)
+        batches.clear()
+        assert [blocks(ps, limit) for ps in sets] == expected + expected[:1]
+        assert not batches and blocks.hits == 5 and blocks.misses == 4
+        blocks.prefetch(sets, limit)                                       # all remembered: nothing counted
+        assert not batches and blocks.misses == 4
+
+
 def test_format_docs_edge_forms():
     # Multi-line text keeps its newlines; a passage without a newline has empty text
     # (Search-R1 still writes the space after ')').

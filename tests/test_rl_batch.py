@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torch")
 
 import torch  # noqa: E402
-from dgpo_edge.train.rl.batch import StepBatch, by_length, computed_positions  # noqa: E402
+from dgpo_edge.train.rl.batch import StepBatch, by_length, computed_positions, cut_width  # noqa: E402
 
 
 def _batch(lengths: list[int]) -> StepBatch:
@@ -55,3 +55,30 @@ def test_a_function_of_rows_gives_the_same_values_in_any_micro_batch_order():
         return out
 
     assert torch.equal(run(rows), run(by_length(rows, batch.attention_mask)))
+
+
+def test_rounded_widths_are_multiples_within_the_batch():
+    # ppo.pad_to_multiple: a micro-batch keeps its longest row + 1 columns rounded up to the multiple,
+    # never more than the batch holds, and its own sub-batches round the same way.
+    batch = _batch([5, 11, 4, 30])                               # width 31
+    batch.multiple = 8
+    assert cut_width(batch.attention_mask, torch.tensor([0, 2]), 8) == 8     # 6 -> 8
+    assert cut_width(batch.attention_mask, torch.tensor([1]), 8) == 16       # 12 -> 16
+    assert cut_width(batch.attention_mask, torch.tensor([3]), 8) == 31       # 32, cut to the batch
+    assert cut_width(batch.attention_mask, torch.tensor([1]), 1) == 12
+    sub = batch.rows(torch.tensor([0, 1]))
+    assert sub.input_ids.shape == (2, 16) and sub.multiple == 8
+    assert torch.equal(sub.attention_mask[:, 12:], torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_pack_rounds_the_width_up_and_pads_with_masked_columns():
+    from dgpo_edge.train.rl.batch import pack
+
+    class R:  # the fields pack reads from a Rollout
+        def __init__(self, n):
+            self.token_ids, self.loss_mask, self.logprobs, self.score = [1] * n, [0] + [1] * (n - 1), [0.0] * n, 1.0
+
+    plain, rounded = pack([R(5), R(9)], [0, 1], 0, "cpu"), pack([R(5), R(9)], [0, 1], 0, "cpu", multiple=8)
+    assert plain.input_ids.shape == (2, 10) and rounded.input_ids.shape == (2, 16) and rounded.multiple == 8
+    assert torch.equal(rounded.attention_mask[:, :10], plain.attention_mask)
+    assert int(rounded.attention_mask[:, 10:].sum()) == 0 and int(rounded.mask[:, 10:].sum()) == 0

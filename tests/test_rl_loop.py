@@ -348,6 +348,8 @@ def test_teacher_with_another_tokenizer_is_refused(toy, tmp_path):
     ("teacher.threshold=0", "teacher.threshold"),
     ("teacher.threshold=1.5", "teacher.threshold"),
     ("collapse.min_best=2", "collapse.min_best"),
+    ("ppo.pad_to_multiple=0", "ppo.pad_to_multiple"),
+    ("ppo.forward_batch=-1", "ppo.forward_batch"),
 ])
 def test_config_errors_exit_2_naming_the_key(toy, tmp_path, override, message):
     config = write_rl_config(toy, tmp_path / "run")
@@ -419,6 +421,24 @@ def test_head_rows_only_changes_the_pass_size():
     kl_cut = lm_full_vocab_kl(student, teacher, ids, attention, mask, "reverse", rows=7)
     torch.testing.assert_close(kl_whole, kl_cut)
     assert bool((kl_whole[mask.bool()] > 0).all())
+
+
+def test_pass_sizes_and_rounded_widths_change_no_metric(toy, tmp_path):
+    """ppo.forward_batch (rows per no-grad pass) and ppo.pad_to_multiple (widths rounded up, the
+    extra columns masked out) are speed knobs: two DGPO steps log the same numbers with them."""
+    runs = {}
+    for name, ppo in (("plain", {}), ("knobs", {"forward_batch": 8, "pad_to_multiple": 16})):
+        out = tmp_path / name
+        run_rl(load_rl_config("dgpo", write_rl_config(toy, out, optim={"steps": 2}, ppo={"mini_batch": 4,
+                                                                                        "micro_batch": 2, **ppo})))
+        runs[name] = rows(out)
+    for plain, knobs in zip(runs["plain"], runs["knobs"]):
+        assert plain.keys() == knobs.keys()
+        for key in plain:
+            if plain[key] in ("", "nan") or key in ("lr", "critic_lr", "step"):
+                assert plain[key] == knobs[key], key
+            else:
+                assert float(knobs[key]) == pytest.approx(float(plain[key]), rel=1e-4, abs=1e-6), key
 
 
 def test_rl_continues_a_saved_adapter(toy, tmp_path):

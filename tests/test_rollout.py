@@ -311,6 +311,20 @@ def test_a_block_memory_kept_across_calls_changes_nothing_but_the_counting(memor
     assert [s.text for s in again[0].transcript.segments] == [s.text for s in fresh[0].transcript.segments]
 
 
+def test_observation_blocks_fit_a_round_through_the_batch_encoder(smol_tok, retriever):
+    # RL fits a round's new observations together: the batched counter must agree with the
+    # per-text one (the block is then the one information_block builds alone).
+    blocks = observation_blocks(smol_tok)
+    plain = encoder_for(smol_tok).plain
+    results = retriever.search([KNOWN_QUERY, "tallest mountain", KNOWN_QUERY], 3)
+    texts = [protocol.format_docs(r) for r in results]
+    assert blocks.count_many(texts) == [len(plain(t)) for t in texts]
+    blocks.prefetch(results, 24)
+    assert blocks.misses == 2
+    assert [blocks(r, 24) for r in results] == [protocol.information_block(r, 24, blocks.count_tokens) for r in results]
+    assert blocks.hits == 3 and blocks.misses == 2
+
+
 def test_evaluate_em_is_greedy(memorized, smol_tok, retriever):
     examples = [{"question": KNOWN_Q, "golden_answers": [KNOWN_GOLD]}] * 2
     res = evaluate_em(memorized, smol_tok, examples, retriever, _cfg(temperature=5.0, seed=1))

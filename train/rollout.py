@@ -144,10 +144,20 @@ def observation_blocks(tokenizer: Any) -> protocol.InformationBlocks:
     """Information blocks counted as the episodes count them (`plain` tokens), with a memory.
 
     Hold one across calls of `generate_rollouts` (an RL run does): the passages of an epoch's
-    searches come back the next epoch, and a remembered block is not tokenized again.
+    searches come back the next epoch, and a remembered block is not tokenized again. A round's
+    new blocks are fitted together through the tokenizer's batch encoder when it has one and
+    that encoder counts as `plain` does (checked here on protocol text).
     """
+    from dgpo_edge.tokens import added_token_strings, batch_encoder, plain_counter
+
     plain = encoder_for(tokenizer).plain
-    return protocol.InformationBlocks(lambda text: len(plain(text)))
+    count = lambda text: len(plain(text))  # noqa: E731
+    many = batch_encoder(tokenizer)
+    count_many = plain_counter(many, added_token_strings(tokenizer)) if many else None
+    probe = [protocol.render_prompt("Who is 'Ada'?  <|im_end|>"), protocol.INVALID_ACTION_FEEDBACK, " x\n\n"]
+    if count_many is not None and count_many(probe) != [count(t) for t in probe]:
+        count_many = None   # a tokenizer whose Python side adds to the Rust encoder: one text at a time
+    return protocol.InformationBlocks(count, count_many=count_many)
 
 
 def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
@@ -184,7 +194,7 @@ def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
             qs = questions[start:start + config.batch_size]
             gs = golds[start:start + config.batch_size] if golds is not None else [()] * len(qs)
             episodes = [Episode(q, render(q, tokenizer, config), encode, config.protocol, blocks=blocks) for q in qs]
-            _play(episodes, engine, tokenizer, retriever, config, generator, timings)
+            _play(episodes, engine, tokenizer, retriever, config, generator, timings, blocks)
             out.extend(_result(e, tuple(g)) for e, g in zip(episodes, gs))
             if on_batch is not None:
                 on_batch(len(qs))
@@ -194,7 +204,8 @@ def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
 
 
 def _play(episodes: list[Episode], engine: Any, tokenizer: Any, retriever: Retriever | None,
-          config: RolloutConfig, generator: Any, timings: dict | None = None) -> None:
+          config: RolloutConfig, generator: Any, timings: dict | None = None,
+          blocks: protocol.InformationBlocks | None = None) -> None:
     """Run one batch of episodes to the end, one turn of every running row per engine call.
 
     The episodes decide answer / final turn / search / invalid feedback and the budgets
@@ -216,19 +227,23 @@ def _play(episodes: list[Episode], engine: Any, tokenizer: Any, retriever: Retri
             if step.kind == "search":
                 searching.append((e, step.query))
         t2 = time.perf_counter()
-        _observe(searching, retriever, config.protocol.top_k)
+        _observe(searching, retriever, config.protocol, blocks)
         if timings is not None:
             timings["decode"] = timings.get("decode", 0.0) + t1 - t0
             timings["search"] = timings.get("search", 0.0) + time.perf_counter() - t2
 
 
-def _observe(searching: list[tuple[Episode, str]], retriever: Retriever | None, top_k: int) -> None:
-    """All searches of a round in one retriever call; each row appends its observation."""
+def _observe(searching: list[tuple[Episode, str]], retriever: Retriever | None, limits: protocol.ProtocolConfig,
+             blocks: protocol.InformationBlocks | None = None) -> None:
+    """All searches of a round in one retriever call; each row appends its observation. `blocks`,
+    the episodes' shared `InformationBlocks`, fits the round's new observations together first."""
     if not searching:
         return
     if retriever is None:
         raise ValueError("a rollout issued a search but no retriever was given")
-    results = retriever.search([q for _, q in searching], top_k)
+    results = retriever.search([q for _, q in searching], limits.top_k)
+    if blocks is not None:
+        blocks.prefetch([list(p)[:limits.top_k] for p in results], limits.max_obs_tokens)
     for (e, query), passages in zip(searching, results):
         e.observe(query, passages)
 

@@ -28,19 +28,24 @@ class StepBatch:
     sample_logp: torch.Tensor     # [B, L] log-probs the rollout engine sampled with
     scores: torch.Tensor          # [B] exact match of the final answer
     groups: torch.Tensor          # [B] question index (GRPO's groups)
+    multiple: int = 1             # widths are rounded up to a multiple of this (ppo.pad_to_multiple)
 
     def rows(self, index: torch.Tensor) -> StepBatch:
-        """The sub-batch of rows `index`, cut to its own longest row."""
-        width = cut_width(self.attention_mask, index)
+        """The sub-batch of rows `index`, cut to its own longest row (rounded up to `multiple`)."""
+        width = cut_width(self.attention_mask, index, self.multiple)
         cut = lambda t: t[index, :width]  # noqa: E731
         return StepBatch(cut(self.input_ids), cut(self.attention_mask), cut(self.mask), cut(self.sample_logp),
-                         self.scores[index], self.groups[index])
+                         self.scores[index], self.groups[index], self.multiple)
 
 
-def cut_width(attention_mask: torch.Tensor, index: torch.Tensor) -> int:
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def cut_width(attention_mask: torch.Tensor, index: torch.Tensor, multiple: int = 1) -> int:
     """Columns `StepBatch.rows` keeps for the rows `index`: one past the longest row (the terminal
-    position of critic.value_mask=reference), within the batch's width."""
-    return min(int(attention_mask[index].sum(1).max()) + 1, attention_mask.shape[1])
+    position of critic.value_mask=reference), rounded up to `multiple`, within the batch's width."""
+    return min(round_up(int(attention_mask[index].sum(1).max()) + 1, multiple), attention_mask.shape[1])
 
 
 def by_length(index: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -57,13 +62,15 @@ def computed_positions(index: torch.Tensor, attention_mask: torch.Tensor, size: 
     return sum(len(part) * cut_width(attention_mask, part) for part in index.split(size))
 
 
-def pack(rollouts: Sequence[Rollout], groups: Sequence[int], pad_id: int, device: Any) -> StepBatch:
+def pack(rollouts: Sequence[Rollout], groups: Sequence[int], pad_id: int, device: Any,
+         multiple: int = 1) -> StepBatch:
     """Right-padded tensors of `rollouts` (the first token of every row is a prompt token).
 
     Every row, the longest too, is followed by at least one padding column: the
     critic's value there is that of the terminal state (math.shifted_response_mask).
+    The width is rounded up to `multiple` (padding columns, masked out everywhere).
     """
-    width = max(len(r.token_ids) for r in rollouts) + 1
+    width = round_up(max(len(r.token_ids) for r in rollouts) + 1, multiple)
     b = len(rollouts)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     attn = torch.zeros((b, width), dtype=torch.long)
@@ -79,7 +86,7 @@ def pack(rollouts: Sequence[Rollout], groups: Sequence[int], pad_id: int, device
         raise ValueError("a rollout starts with a generated token; episodes must start with the prompt")
     scores = torch.tensor([r.score for r in rollouts], dtype=torch.float32)
     return StepBatch(ids.to(device), attn.to(device), mask.to(device), logp.to(device), scores.to(device),
-                     torch.tensor(list(groups), dtype=torch.long, device=device))
+                     torch.tensor(list(groups), dtype=torch.long, device=device), multiple)
 
 
 def step_seed(seed: int, step: int, *parts: int) -> int:

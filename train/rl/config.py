@@ -68,6 +68,10 @@ class PPOSection:
     epochs: int = 1              # passes over each step's rollouts
     mini_batch: int = 256        # rollouts per optimizer step (over all processes)
     micro_batch: int = 8         # rollouts per forward/backward (per process)
+    forward_batch: int = 0       # rollouts per no-grad pass (old log-probs, values, reference, teacher); 0 = micro_batch
+    # Each micro-batch is cut to its longest row, rounded up to a multiple of this: fewer distinct
+    # shapes, so attention kernels that plan per shape (cuDNN's) reuse their plans; 1 = no rounding.
+    pad_to_multiple: int = 1
     clip: float = 0.2            # policy ratio clip
     value_clip: float = 0.5      # critic clip around the old values
     entropy: float = 0.001       # entropy bonus coefficient
@@ -242,9 +246,11 @@ def _validate_rollout(config: RLConfig, bad) -> None:
 
 
 def _validate_ppo(p: PPOSection, bad) -> None:
-    for key in ("epochs", "mini_batch", "micro_batch"):
+    for key in ("epochs", "mini_batch", "micro_batch", "pad_to_multiple"):
         if getattr(p, key) < 1:
             bad(f"ppo.{key}", "must be >= 1")
+    if p.forward_batch < 0:
+        bad("ppo.forward_batch", "must be >= 0 (0: ppo.micro_batch)")
     for key in ("clip", "value_clip"):
         if not getattr(p, key) > 0:
             bad(f"ppo.{key}", "must be > 0")

@@ -322,7 +322,7 @@ class RLTrainer:
         rollouts = generate_rollouts(self.rollout_lm, self.tokenizer, [e.question for e in chosen],
                                      [tuple(e.answers) for e in chosen], self.retriever, config, engine=self.engine,
                                      timings=self._rollout_timings, blocks=self.blocks)
-        return pack(rollouts, groups, self.pad_id, self.acc.device), rollouts
+        return pack(rollouts, groups, self.pad_id, self.acc.device, c.ppo.pad_to_multiple), rollouts
 
     # -- 2. scoring and advantages ----------------------------------------------------------------
     @torch.no_grad()
@@ -394,8 +394,8 @@ class RLTrainer:
         return self.acc.reduce(value, "sum") if self.world > 1 else value
 
     def _forward_all(self, fn: Callable[[StepBatch], torch.Tensor], batch: StepBatch) -> torch.Tensor:
-        """fn over micro-batches of rows, reassembled into [B, L]."""
-        size = self.config.ppo.micro_batch
+        """fn over batches of `ppo.forward_batch` rows (no gradients kept), reassembled into [B, L]."""
+        size = self.config.ppo.forward_batch or self.config.ppo.micro_batch
         out = torch.zeros_like(batch.mask)
         rows = torch.arange(batch.input_ids.shape[0], device=batch.mask.device)
         order = by_length(rows, batch.attention_mask)   # similar lengths together: little padding
