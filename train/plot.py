@@ -126,6 +126,13 @@ def smooth_values(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
+def panel_values(metric: str, values: Sequence[float], window: int) -> list[float]:
+    """What a panel draws: training metrics smoothed over `window` logged steps; dev evaluations
+    (`dev_*`) as logged, since each is already a mean over the dev set at one checkpoint and a
+    moving average would mix checkpoints 50 or more steps apart."""
+    return list(values) if metric.startswith("dev_") else smooth_values(values, window)
+
+
 def grid_shape(panels: int) -> tuple[int, int]:
     """(rows, columns): 2 columns up to 4 panels, 3 beyond; a single panel gets one column."""
     cols = min(panels, 2 if panels <= 4 else 3)
@@ -166,7 +173,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, metrics: Sequence
             if points:
                 steps = [s for s, _ in points]
                 # Markers on short series, so a run with a single evaluation still shows a dot.
-                ax.plot(steps, smooth_values([v for _, v in points], smooth), color=f"C{i}", linewidth=1.2,
+                ax.plot(steps, panel_values(metric, [v for _, v in points], smooth), color=f"C{i}", linewidth=1.2,
                         marker="o" if len(points) <= MARKER_MAX_POINTS else None, markersize=3)
         ax.set_title(metric)
         ax.set_xlabel("step")

@@ -27,7 +27,8 @@ def plot(
              "entropy, value_loss; SFT/KD runs loss, dev_em, dev_f1, dev_loss, lr, grad_norm)."),
     label: Optional[list[str]] = typer.Option(None, "--label",
                                               help="Legend label of a run, once per run in order (default: folder names)."),
-    smooth: int = typer.Option(1, "--smooth", help="Moving average over N logged points (1 = raw)."),
+    smooth: int = typer.Option(1, "--smooth", help="Moving average over N logged training steps (1 = raw); "
+                                                   "dev evaluations are drawn as logged."),
 ) -> None:
     """Plot the training curves of one or more runs, overlaid, into one image."""
     from ..train.plot import plot_runs
