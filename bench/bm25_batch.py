@@ -8,11 +8,11 @@ common words make FTS5 score most of the corpus. Prints the median seconds per b
 `--repeats` batches for each way, the one-off cost of building the postings, and checks that
 both ways return the same passages with the same scores.
 
-With `--tokenizer DIR`, also the other host work of a search: the information blocks of the
-batch's passages (top 3, 500 tokens, shortened by a binary search over the text as the episodes
-do), built with a fresh `protocol.InformationBlocks` one block at a time, with a fresh one fitting the
-batch as one round (`prefetch`, batched tokenization: what RL rollouts do), and with one that built
-them before (an RL run's next epoch); all three must give the same blocks.
+With `--tokenizer DIR`, also the other host work of a search: the observations of the batch's
+passages (top 3, 500 tokens, shortened by a binary search over the text as the episodes do; the
+block and its token ids), built with a fresh `protocol.InformationBlocks` one at a time, with a fresh
+one as one round (`prefetch` and the ids in batch calls: what RL rollouts do), and again from that
+memory (an RL run's next epoch); all three must give the same blocks and ids.
 
     python bench/bm25_batch.py --data out/factbookqa --batch 192 --repeats 7 --tokenizer TOKENIZER_DIR
     python bench/bm25_batch.py --data out/worlds-mix/notes-out --batch 256 --repeats 7
@@ -80,23 +80,36 @@ def main() -> None:
 
 
 def _time_blocks(tokenizer, results: list, times: dict) -> None:
-    """The batch's information blocks from a fresh memory one at a time (as each episode alone
-    does), from a fresh memory fitted as one round (`prefetch`: batched tokenization, as RL
-    rollouts do), and again from a memory that built them before (an RL run's next epoch)."""
+    """The batch's observations (block text and ids): from a fresh memory one at a time (as an
+    episode alone does), from a fresh memory as one round (fitted by `prefetch` and encoded in
+    batch calls, as RL rollouts do), and again from that memory (an RL run's next epoch)."""
     from dgpo_edge import protocol
     from dgpo_edge.train.rollout import observation_blocks
 
+    batched = observation_blocks(tokenizer)
+    alone = protocol.InformationBlocks(batched.count_tokens)
+    plain = encoder_for_blocks(tokenizer)
     built = []
     for name in ("blocks_fresh", "blocks_fresh_batched", "blocks_remembered"):
-        blocks = remembered if name == "blocks_remembered" else observation_blocks(tokenizer)
         t0 = time.perf_counter()
-        if name == "blocks_fresh_batched":
-            blocks.prefetch(results, 500)
-        built.append([blocks(passages, 500) for passages in results])
+        if name == "blocks_fresh":
+            texts = [alone(passages, 500) for passages in results]
+            ids = [plain(t) for t in texts]
+        else:
+            if name == "blocks_fresh_batched":
+                batched.prefetch(results, 500)
+            texts = [batched(passages, 500) for passages in results]
+            ids = batched.encode_many(texts)
         times.setdefault(name, []).append(time.perf_counter() - t0)
-        remembered = blocks
-    assert built[0] == built[1] == built[2] == [protocol.information_block(p, 500, blocks.count_tokens)
-                                                for p in results]
+        built.append((texts, ids))
+    assert built[0] == built[1] == built[2]
+    assert built[0][0] == [protocol.information_block(p, 500, batched.count_tokens) for p in results]
+
+
+def encoder_for_blocks(tokenizer):
+    from dgpo_edge.transcript import encoder_for
+
+    return encoder_for(tokenizer).plain
 
 
 if __name__ == "__main__":

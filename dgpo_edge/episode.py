@@ -139,14 +139,20 @@ class Episode:
         self.turn += 1
         return Step("invalid", action)
 
-    def observe(self, query: str, passages: Sequence[Passage]) -> list[Passage]:
-        """Append the information block for the pending search; returns the passages shown."""
+    def observe(self, query: str, passages: Sequence[Passage],
+                block: tuple[str, Sequence[int]] | None = None) -> list[Passage]:
+        """Append the information block for the pending search; returns the passages shown.
+
+        `block`, when the caller built it (rollouts build a round's blocks and their `plain` ids
+        in batch calls), is that block's text and ids: `self.blocks(shown, max_obs_tokens)` and
+        `self.plain` of it. By default both are built here.
+        """
         if self._searching is None or query != self._searching:
             raise RuntimeError(f"no search for {query!r} is waiting on passages")
         shown = list(passages)[: self.config.top_k]
-        block = self.blocks(shown, self.config.max_obs_tokens)
-        self.transcript.append_information(query, shown, block=block)
-        self._force(block)
+        text, ids = block if block is not None else (self.blocks(shown, self.config.max_obs_tokens), None)
+        self.transcript.append_information(query, shown, block=text)
+        self._add(self.plain(text) if ids is None else ids)
         self._searching = None
         self.turn += 1
         return shown

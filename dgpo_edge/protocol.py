@@ -285,14 +285,19 @@ class InformationBlocks:
     that tokenizing was most of a rollout's host time. The memory holds, for the last `size`
     distinct (docs text, max_tokens), the length that fits, keyed by a 128-bit BLAKE2b digest of
     the text, so a remembered block is the one `information_block` builds. `prefetch` fits many
-    passage lists at once (a rollout's searches of one round) through `count_many`, a batch form
-    of `count_tokens` (default: `count_tokens` on each text).
+    passage lists at once (a rollout's searches of one round), counting through `encode_many` when
+    given: a batch encoder whose ids' lengths are what `count_tokens` counts (the rollouts also
+    encode a round's blocks with it); otherwise through `count_tokens` one text at a time.
     """
 
     def __init__(self, count_tokens: Callable[[str], int], size: int = 65536,
-                 count_many: Callable[[list[str]], list[int]] | None = None):
+                 encode_many: Callable[[list[str]], list[list[int]]] | None = None):
         self.count_tokens = count_tokens
-        self.count_many = count_many or (lambda texts: [count_tokens(t) for t in texts])
+        self.encode_many = encode_many
+        if encode_many is not None:
+            self.count_many: Callable[[list[str]], list[int]] = lambda texts: [len(x) for x in encode_many(texts)]
+        else:
+            self.count_many = lambda texts: [count_tokens(t) for t in texts]
         self._fits: LRU[tuple[bytes, int | None], int] = LRU(size)
         self.hits = self.misses = 0
 

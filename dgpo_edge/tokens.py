@@ -60,18 +60,24 @@ def plain_encoder(encode: Encode, added: Iterable[str]) -> Encode:
     return plain
 
 
-def plain_counter(encode_many: Callable[[list[str]], list[list[int]]],
-                  added: Iterable[str]) -> Callable[[list[str]], list[int]]:
-    """texts -> `len(plain_encoder(encode, added)(text))` for each, with every piece of every
-    text encoded in one `encode_many` call (a tokenizer's batch encoder, parallel in Rust)."""
+def plain_batch_encoder(encode_many: Callable[[list[str]], list[list[int]]],
+                        added: Iterable[str]) -> Callable[[list[str]], list[list[int]]]:
+    """texts -> `plain_encoder(encode, added)(text)` for each, with every piece of every text
+    encoded in one `encode_many` call (a tokenizer's batch encoder, parallel in Rust)."""
     pieces = _piece_splitter(added) or (lambda text: [text])
 
-    def count_many(texts: list[str]) -> list[int]:
+    def plain_many(texts: list[str]) -> list[list[int]]:
         split = [pieces(t) for t in texts]
-        lengths = iter([len(ids) for ids in encode_many([p for ps in split for p in ps])])
-        return [sum(next(lengths) for _ in ps) for ps in split]
+        encoded = iter(encode_many([p for ps in split for p in ps]))
+        out = []
+        for ps in split:
+            ids: list[int] = []
+            for _ in ps:
+                ids.extend(next(encoded))
+            out.append(ids)
+        return out
 
-    return count_many
+    return plain_many
 
 
 def batch_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]] | None:

@@ -52,6 +52,18 @@ def test_search_then_answer():
     assert e.transcript.segments[2].text == protocol.information_block(PASSAGES[:3])
 
 
+def test_a_block_built_by_the_caller_is_the_one_observe_builds():
+    # Rollouts hand over a round's blocks with their ids (built in batch calls): the same episode.
+    mine, given = start(max_obs_tokens=40), start(max_obs_tokens=40)
+    for e in (mine, given):
+        turn(e, SEARCH)
+    mine.observe("Peru", PASSAGES)
+    text = given.blocks(PASSAGES[:3], 40)
+    assert given.observe("Peru", PASSAGES, block=(text, encode(text))) == PASSAGES[:3]
+    assert (given.ids, given.mask, given.logprobs, given.turn) == (mine.ids, mine.mask, mine.logprobs, mine.turn)
+    assert given.transcript.text == mine.transcript.text
+
+
 def test_invalid_turn_gets_feedback_and_uses_a_turn():
     e = start()
     step = turn(e, INVALID)

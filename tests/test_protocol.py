@@ -220,14 +220,14 @@ def test_prefetch_fits_many_blocks_with_the_searches_each_would_make_alone():
     def words(text):
         return len(text.split())
 
-    def many(texts):
+    def many(texts):  # a batch "encoder" whose ids are the words: its lengths are what words() counts
         batches.append(list(texts))
-        return [words(t) for t in texts]
+        return [t.split() for t in texts]
 
     sets = [[EVAN, WORM], [EVAN], [WORM], [WORM, EVAN], [EVAN, WORM]]   # one repeat
     for limit in (6, 8, 20, 10_000):
         batches.clear()
-        blocks = InformationBlocks(words, count_many=many)
+        blocks = InformationBlocks(words, encode_many=many)
         blocks.prefetch(sets, limit)
         assert blocks.misses == 4 and len(blocks._fits) == 4
         alone.clear()

@@ -318,11 +318,24 @@ def test_observation_blocks_fit_a_round_through_the_batch_encoder(smol_tok, retr
     plain = encoder_for(smol_tok).plain
     results = retriever.search([KNOWN_QUERY, "tallest mountain", KNOWN_QUERY], 3)
     texts = [protocol.format_docs(r) for r in results]
+    assert blocks.encode_many(texts) == [plain(t) for t in texts]
     assert blocks.count_many(texts) == [len(plain(t)) for t in texts]
     blocks.prefetch(results, 24)
     assert blocks.misses == 2
     assert [blocks(r, 24) for r in results] == [protocol.information_block(r, 24, blocks.count_tokens) for r in results]
     assert blocks.hits == 3 and blocks.misses == 2
+
+
+def test_batched_observations_give_the_rollouts_each_episode_builds_alone(memorized, smol_tok, retriever):
+    # The rollouts' batched fitting and encoding of a round's blocks against blocks without a batch
+    # encoder (each episode fits and encodes its own): the same ids, masks and transcripts.
+    cfg = _cfg(greedy=True, max_obs_tokens=24)
+    batched = observation_blocks(smol_tok)
+    alone = protocol.InformationBlocks(batched.count_tokens)
+    assert batched.encode_many is not None and alone.encode_many is None
+    one = generate_rollouts(memorized, smol_tok, QUESTIONS, GOLDS, retriever, cfg, blocks=batched)
+    two = generate_rollouts(memorized, smol_tok, QUESTIONS, GOLDS, retriever, cfg, blocks=alone)
+    assert sum(r.n_searches for r in one) >= 1 and _sig(one) == _sig(two)
 
 
 def test_evaluate_em_is_greedy(memorized, smol_tok, retriever):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dgpo_edge import protocol
 from dgpo_edge.agent import Agent
 from dgpo_edge.protocol import Passage
-from dgpo_edge.tokens import added_token_strings, batch_encoder, plain_counter, plain_encoder
+from dgpo_edge.tokens import added_token_strings, batch_encoder, plain_batch_encoder, plain_encoder
 from dgpo_edge.transcript import Transcript, encoder_for
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -164,16 +164,17 @@ def test_plain_encoder_cuts_overlapping_tokens_and_keeps_plain_text_whole():
 
 
 @pytest.mark.parametrize("library", ["tokenizers", "transformers"])
-def test_plain_counter_counts_what_plain_encodes_in_one_batch(library, qwen_fast, qwen_hf):
-    """The batched counter the RL rollouts fit observations with gives len(plain(text)) for every
-    text, added tokens inside words included, from a single batch-encoder call."""
+def test_plain_batch_encoder_encodes_what_plain_encodes_in_one_call(library, qwen_fast, qwen_hf):
+    """The batch encoder the RL rollouts fit and encode observations with gives plain(text) for
+    every text, added tokens inside words included, from a single batch-encoder call."""
     tok = qwen_fast if library == "tokenizers" else qwen_hf
-    strings, _ = qwen_added(qwen_fast)
+    strings, ids = qwen_added(qwen_fast)
     plain = encoder_for(tok).plain
     encode_many, calls = batch_encoder(tok), []
-    count_many = plain_counter(lambda texts: calls.append(len(texts)) or encode_many(texts), strings)
+    plain_many = plain_batch_encoder(lambda texts: calls.append(len(texts)) or encode_many(texts), strings)
     texts = ["", "plain text", *(f"Doc 1(Title: x{t}y) a {t}{t} b" for t in strings), protocol.INVALID_ACTION_FEEDBACK]
-    assert count_many(texts) == [len(plain(t)) for t in texts]
+    encoded = plain_many(texts)
+    assert encoded == [plain(t) for t in texts] and not any(set(e) & ids for e in encoded)
     assert len(calls) == 1 and calls[0] > len(texts)          # the pieces, all in one call
     assert batch_encoder(lambda text: [1]) is None             # a bare callable has no batch form
 

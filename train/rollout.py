@@ -148,16 +148,16 @@ def observation_blocks(tokenizer: Any) -> protocol.InformationBlocks:
     new blocks are fitted together through the tokenizer's batch encoder when it has one and
     that encoder counts as `plain` does (checked here on protocol text).
     """
-    from dgpo_edge.tokens import added_token_strings, batch_encoder, plain_counter
+    from dgpo_edge.tokens import added_token_strings, batch_encoder, plain_batch_encoder
 
     plain = encoder_for(tokenizer).plain
     count = lambda text: len(plain(text))  # noqa: E731
     many = batch_encoder(tokenizer)
-    count_many = plain_counter(many, added_token_strings(tokenizer)) if many else None
+    plain_many = plain_batch_encoder(many, added_token_strings(tokenizer)) if many else None
     probe = [protocol.render_prompt("Who is 'Ada'?  <|im_end|>"), protocol.INVALID_ACTION_FEEDBACK, " x\n\n"]
-    if count_many is not None and count_many(probe) != [count(t) for t in probe]:
-        count_many = None   # a tokenizer whose Python side adds to the Rust encoder: one text at a time
-    return protocol.InformationBlocks(count, count_many=count_many)
+    if plain_many is not None and plain_many(probe) != [plain(t) for t in probe]:
+        plain_many = None   # a tokenizer whose Python side adds to the Rust encoder: one text at a time
+    return protocol.InformationBlocks(count, encode_many=plain_many)
 
 
 def generate_rollouts(model: Any, tokenizer: Any, questions: Sequence[str],
@@ -242,10 +242,16 @@ def _observe(searching: list[tuple[Episode, str]], retriever: Retriever | None, 
     if retriever is None:
         raise ValueError("a rollout issued a search but no retriever was given")
     results = retriever.search([q for _, q in searching], limits.top_k)
-    if blocks is not None:
-        blocks.prefetch([list(p)[:limits.top_k] for p in results], limits.max_obs_tokens)
-    for (e, query), passages in zip(searching, results):
-        e.observe(query, passages)
+    if blocks is None or blocks.encode_many is None:
+        for (e, query), passages in zip(searching, results):
+            e.observe(query, passages)
+        return
+    # The round's blocks fitted and encoded in batch calls (the tokenizer's threads), then handed over.
+    shown = [list(p)[:limits.top_k] for p in results]
+    blocks.prefetch(shown, limits.max_obs_tokens)
+    texts = [blocks(s, limits.max_obs_tokens) for s in shown]
+    for (e, query), passages, text, ids in zip(searching, shown, texts, blocks.encode_many(texts)):
+        e.observe(query, passages, block=(text, ids))
 
 
 # --- evaluation -----------------------------------------------------------------
