@@ -448,9 +448,25 @@ def test_compact_missing_flat_and_a_folder_as_corpus(notes, tmp_path):
 
 # --------------------------------------------------------------------------- serve
 
-def test_serve_answers_search_r1_requests_and_stops_on_sigint(flat_index):
+def _kill_and_close(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+def _sigint_as_in_a_terminal() -> None:
+    """A test suite started in the background by a script (`pytest &`) inherits an ignored SIGINT,
+    and so would the server it starts; a user's Ctrl-C reaches a server whose SIGINT is default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_serve_answers_search_r1_requests_and_stops_on_sigint(flat_index, stop):
     proc = subprocess.Popen([sys.executable, "-m", "dgpo_edge", "index", "serve", str(flat_index), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_as_in_a_terminal)
     lines: queue.Queue[str | None] = queue.Queue()  # stdout, line by line; None at its end
 
     def pump() -> None:
@@ -480,17 +496,31 @@ def test_serve_answers_search_r1_requests_and_stops_on_sigint(flat_index):
         assert body["result"][0][0]["document"]["id"] == SHARK_ID
         assert body["result"][1][0]["document"]["id"] == "recipes.txt#0"
 
-        proc.send_signal(signal.SIGINT)  # Ctrl-C: serve() catches KeyboardInterrupt, says so, exits 0
+        proc.send_signal(stop)  # Ctrl-C, or kill/systemd/docker stop: serve() says so and exits 0
         assert proc.wait(timeout=10) == 0
         rest = "".join(iter(lambda: lines.get(timeout=5), None))
         assert rest == "stopped\n"
         assert "Traceback" not in proc.stderr.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        _kill_and_close(proc)
+
+
+def test_a_background_server_ignores_sigint_and_stops_on_sigterm(flat_index):
+    # Started as `dgpo-edge index serve DIR &` from a script: SIGINT arrives ignored (the shell's
+    # rule for background jobs) and stays so; SIGTERM still stops it cleanly.
+    proc = subprocess.Popen([sys.executable, "-m", "dgpo_edge", "index", "serve", str(flat_index), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stdout.readline().startswith("Serving POST http://127.0.0.1:")
+        proc.send_signal(signal.SIGINT)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert proc.stdout.read() == "stopped\n" and "Traceback" not in proc.stderr.read()
+    finally:
+        _kill_and_close(proc)
 
 
 @pytest.fixture(scope="module")

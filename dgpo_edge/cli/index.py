@@ -272,7 +272,7 @@ def serve(
     max_queries: int = typer.Option(256, help="Largest batch of queries one request may hold."),
     threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads."),
 ) -> None:
-    """Serve Search-R1's POST /retrieve API for an index (Ctrl-C stops).
+    """Serve Search-R1's POST /retrieve API for an index (Ctrl-C or SIGTERM stops).
 
     Each request must arrive within 10 s; 32 are handled at once and 64 more
     wait, the rest get 503 (see docs/retrieval.md).

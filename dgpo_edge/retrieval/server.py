@@ -29,11 +29,13 @@ import json
 import logging
 import math
 import re
+import signal
 import socket
 import socketserver
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -567,7 +569,11 @@ def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000,
 
 
 def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
-    """Serve until Ctrl-C, printing the bound address first (the port when 0 was asked).
+    """Serve until Ctrl-C or SIGTERM, printing the bound address first (the port when 0 was asked).
+
+    SIGINT is left as the process got it: a server started in the background by a script inherits
+    an ignored SIGINT (so the terminal's Ctrl-C for the foreground job does not stop it); SIGTERM,
+    what `kill`, systemd and `docker stop` send, always stops it the same clean way.
 
     The retriever is left open: whoever made it closes it. A host or port that
     cannot be bound is an InputError (one `error:` line from the CLI).
@@ -580,11 +586,30 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, **opt
     if not server.loopback_only:
         print(f"warning: bound to {host}, reachable from other machines", flush=True)
     try:
-        server.serve_forever()
+        with _sigterm_interrupts():
+            server.serve_forever()
     except KeyboardInterrupt:
         print("stopped", flush=True)
     finally:
         server.server_close()
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt as Ctrl-C does (main thread only: Python
+    runs signal handlers there, and a server run in a thread is stopped by `shutdown()`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def bind_error_message(e: OSError | OverflowError, host: str, port: int) -> str:
