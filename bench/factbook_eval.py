@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections import defaultdict
 from pathlib import Path
 
 
@@ -45,40 +43,14 @@ def done_rows(out: Path) -> set[tuple[str, str]]:
     return {(row["method"], row["split"]) for _, row in read_jsonl(out)}
 
 
-def by_group(keys: list, scores: list[float]) -> dict:
-    sums, counts = defaultdict(float), defaultdict(int)
-    for k, s in zip(keys, scores):
-        sums[str(k)] += s
-        counts[str(k)] += 1
-    return {k: round(sums[k] / counts[k], 4) for k in sorted(sums)}
-
-
 def evaluate(model, tokenizer, examples, retriever, args) -> dict:
-    from dgpo_edge.arc import episode_arc, summarize_arc
-    from dgpo_edge.metrics import f1_score
     from dgpo_edge.protocol import ProtocolConfig
-    from dgpo_edge.train.rollout import RolloutConfig, generate_rollouts
+    from dgpo_edge.train.evaluation import evaluate_split
+    from dgpo_edge.train.rollout import RolloutConfig
 
     config = RolloutConfig(protocol=ProtocolConfig(max_turn_tokens=args.max_turn_tokens), greedy=True,
                            batch_size=args.batch_size, engine="auto")
-    t0 = time.perf_counter()
-    rollouts = generate_rollouts(model, tokenizer, [x.question for x in examples],
-                                 [x.answers for x in examples], retriever, config)
-    seconds = time.perf_counter() - t0
-    scores = [r.score for r in rollouts]
-    types = [x.meta.get("type", "?") for x in examples]
-    hops = [x.meta.get("hops", "?") for x in examples]
-    arc = summarize_arc([episode_arc(r.transcript, r.golds) for r in rollouts])
-    n = len(rollouts)
-    return {
-        "n": n, "em": sum(scores) / n,
-        "f1": sum(f1_score(r.answer, r.golds) for r in rollouts) / n,
-        "em_by_type": by_group(types, scores), "em_by_hops": by_group(hops, scores),
-        "hit_ratio": arc["hit_ratio"], "search_steps": arc["search_steps"],
-        "invalid_action_rate": arc["invalid_action_rate"], "answered_rate": arc["answered_rate"],
-        "generated_tokens": sum(r.n_generated for r in rollouts) / n,
-        "seconds": round(seconds, 1), "scores": [int(s) for s in scores],
-    }
+    return evaluate_split(model, tokenizer, examples, retriever, config)
 
 
 def main() -> None:

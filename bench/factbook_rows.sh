@@ -9,6 +9,7 @@
 #   bench/factbook_rows.sh teacher                # the SFT teacher (train/configs/factbook-teacher-sft.yaml)
 #   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run: out/runs/rl-METHOD-sSEED
 #   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of runs (bench/factbook_eval.py; LIMIT=N: first N)
+#   bench/factbook_rows.sh reports OUT.jsonl NAME...      # the test EM rows the runs wrote while training (every 50 steps)
 #   bench/factbook_rows.sh pack NAME|DIR [QUANT]  # a run's student (or a checkpoint folder) as GGUF (q8_0) in 15 MiB pieces + sha256
 #   bench/factbook_rows.sh unpack DIR NAME [QUANT]   # here: the pieces joined and checked
 #
@@ -40,7 +41,7 @@ BASE=out/models/smollm2-135m-15l
 TEACHER=out/runs/factbook-teacher-sft/checkpoints/last
 done_run() { [ -f "out/runs/$1/summary.json" ]; }
 checkpoint() { case $1 in kd) echo $KD ;; teacher) echo $TEACHER ;; *) echo "out/runs/$1/checkpoints/last" ;; esac; }
-stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|eval|pack|unpack ...}; shift
+stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|eval|reports|pack|unpack ...}; shift
 
 case $stage in
 start)
@@ -63,7 +64,8 @@ row)
   name=rl-$method$variant${TAG:+-$TAG}-s$seed
   done_run "$name" && exit 0
   common=(run.out_dir=out/runs/$name run.seed="$seed" "${start[@]}" optim.steps="$STEPS"
-          eval.every=50 eval.batch_size=150 log.save_every=25 log.progress=false ppo.micro_batch=$MICRO_BATCH)
+          eval.every=50 eval.batch_size=150 log.save_every=25 log.progress=false ppo.micro_batch=$MICRO_BATCH
+          data.report=out/factbookqa/test.jsonl)
   case $method in
     ppo)  "${de[@]}" train ppo --config train/configs/factbook-ppo.yaml "${common[@]}" "$@" ;;
     dgpo) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" teacher.path=$TEACHER "$@" ;;
@@ -88,6 +90,11 @@ eval)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
   "$py" bench/factbook_eval.py --data out/factbookqa --out "$out" --splits "$splits" --card "$card" ${LIMIT:+--limit "$LIMIT"} \
     --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || true)}" "${models[@]}" ;;
+reports)  # each RL run evaluates the whole test split at every evaluation (data.report, for the record)
+  out=${1:?OUT.jsonl}; shift
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+  "$py" bench/report_rows.py "${@/#/out/runs/}" --out "$out" --card "$card" \
+    --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || true)}" ;;
 pack)  # what the laptop needs, in pieces a device call can return (at most 8 files of 16 MiB)
   name=${1:?NAME}; quant=${2:-q8_0}; dir=$(checkpoint "$name")
   if [ -d "$name" ]; then  # a checkpoint folder RUN/checkpoints/CKPT: the pieces are named RUN-CKPT
@@ -100,5 +107,5 @@ pack)  # what the laptop needs, in pieces a device call can return (at most 8 fi
 unpack)
   dir=${1:?DIR}; name=${2:?NAME}; quant=${3:-q8_0}; file=$name.$quant.gguf
   cat "$dir/$file".part* > "$dir/$file" && (cd "$dir" && sha256sum -c "$file.sha256") ;;
-*) echo "error: unknown stage $stage (start, teacher, row, eval, pack, unpack)" >&2; exit 2 ;;
+*) echo "error: unknown stage $stage (start, teacher, row, eval, reports, pack, unpack)" >&2; exit 2 ;;
 esac

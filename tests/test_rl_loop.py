@@ -441,6 +441,28 @@ def test_pass_sizes_and_rounded_widths_change_no_metric(toy, tmp_path):
                 assert float(knobs[key]) == pytest.approx(float(plain[key]), rel=1e-4, abs=1e-6), key
 
 
+def test_the_report_split_is_recorded_at_every_evaluation_and_never_chosen_by(toy, tmp_path):
+    """data.report: each evaluation appends the split's detailed row (EM per type, per-question
+    scores) to report.jsonl; eval.csv and the best checkpoint's metrics hold dev only; a resumed
+    run keeps the rows of the steps it does not repeat."""
+    out = tmp_path / "run"
+    sections = {"data": {"dev": str(toy / "dev.jsonl"), "report": str(toy / "train.jsonl"), "report_limit": 4},
+                "eval": {"every": 1, "at_start": True}, "log": {"save_every": 1}}
+    run_rl(load_rl_config("ppo", write_rl_config(toy, out, optim={"steps": 2}, **sections)))
+    report = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in report] == [0, 1, 2]
+    for r in report:
+        assert r["split"] == str(toy / "train.jsonl") and r["n"] == 4 and len(r["scores"]) == 4
+        assert r["em"] == sum(r["scores"]) / 4 and set(r["em_by_type"]) == {"?"} and "hit_ratio" in r
+    with open(out / "eval.csv", newline="") as f:
+        header = next(csv.reader(f))
+    assert all(k == "step" or k.startswith("dev_") for k in header)
+    best = json.loads((out / "checkpoints" / "best" / "dgpo_edge.json").read_text())
+    assert "_report" not in best["metrics"] and "scores" not in json.dumps(best["metrics"])
+    run_rl(load_rl_config("ppo", write_rl_config(toy, out, optim={"steps": 3}, **sections)))   # resumes at 2
+    assert [json.loads(line)["step"] for line in (out / "report.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+
+
 def test_rl_continues_a_saved_adapter(toy, tmp_path):
     # lora.init_from: the actor is model.path (the base) + the saved adapter, training on; the critic
     # and the reference start from the same student, merged; checkpoints hold the continued adapter.

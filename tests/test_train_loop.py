@@ -157,12 +157,16 @@ def test_kd_refuses_a_teacher_with_another_vocabulary(toy, tmp_path):
         _kd(config)
 
 
+def _two_steps_evaluated(toy, tmp_path, data: dict, evaluation: dict):
+    """An SFT config of 2 steps with greedy evaluations over the toy corpus (8-token turns)."""
+    return write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
+                        optim={"max_steps": 2, "batch_size": 2}, data={**data, "retriever": str(toy["corpus"])},
+                        eval={**evaluation, "engine": "plain"}, protocol={"max_turn_tokens": 8})
+
+
 def test_dev_em_hook_keeps_best_and_last(toy, tmp_path):
     pytest.importorskip("dgpo_edge.train.rollout")
-    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
-                          optim={"max_steps": 2, "batch_size": 2},
-                          data={"dev": str(toy["dev"]), "retriever": str(toy["corpus"])},
-                          eval={"every": 1, "at_start": True, "engine": "plain"}, protocol={"max_turn_tokens": 8})
+    config = _two_steps_evaluated(toy, tmp_path, {"dev": str(toy["dev"])}, {"every": 1, "at_start": True})
     summary = _sft(config)
     rows = read_metrics(tmp_path / "run" / "eval.csv")
     assert [r["step"] for r in rows] == ["0", "1", "2"]
@@ -172,6 +176,16 @@ def test_dev_em_hook_keeps_best_and_last(toy, tmp_path):
     best = tmp_path / "run" / "checkpoints" / "best"
     assert json.loads((best / "dgpo_edge.json").read_text())["step"] == 0
     assert (best / "model.safetensors").is_file() and (best / "tokenizer.json").is_file()
+
+
+def test_sft_records_the_report_split_without_dev(toy, tmp_path):
+    # data.report alone (no dev): the hook runs, report.jsonl gets a row per evaluation, no best is kept.
+    pytest.importorskip("dgpo_edge.train.rollout")
+    config = _two_steps_evaluated(toy, tmp_path, {"report": str(toy["dev"])}, {"every": 2, "at_start": False})
+    summary = _sft(config)
+    report = [json.loads(line) for line in (tmp_path / "run" / "report.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["n"], len(r["scores"])) for r in report] == [(2, 2, 2)]
+    assert summary["best"] is None
 
 
 def test_one_process_can_train_in_fp32_then_bf16():

@@ -2,12 +2,18 @@
 
 `open_retriever` opens what `data.retriever` names: an index directory (the laptop's
 `open_index`) or a Search-R1 corpus .jsonl searched with BM25 in memory (`CorpusBM25`, no
-index build). `make_eval_fn` gives the trainers their dev-EM hook: greedy multi-turn
-rollouts (rollout.evaluate_em) with the run's own protocol limits.
+index build). `make_eval_fn` gives the trainers their evaluation hook: greedy multi-turn
+rollouts (rollout.evaluate_em) with the run's own protocol limits on `data.dev`, whose
+`dev_*` metrics choose the best checkpoint, and, when `data.report` is set, the same on a
+split kept for the record (`evaluate_split`: EM per question type and hop count, ARC, the
+per-question scores), which the trainers append to report.jsonl and nothing ever reads to
+choose: a run cut short still leaves its test numbers behind.
 """
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,32 +56,76 @@ def open_retriever(spec: str) -> Retriever:
 
 
 def make_eval_fn(config: Any, tokenizer: Any) -> Callable[[Any, int], dict] | None:
-    """Dev EM through greedy multi-turn rollouts (train/rollout.py), or None without data.dev.
+    """The trainers' evaluation hook, or None without data.dev and data.report.
 
     The episodes have the run's own limits (`config.protocol`, the section an RL run's rollouts
-    use too), so that a run is evaluated on the kind of episode it trains on. The returned
-    function's `rollout` attribute is the RolloutConfig it uses.
+    use too), so that a run is evaluated on the kind of episode it trains on. The hook returns
+    the `dev_*` metrics and, with data.report, the report split's row under "_report" (for
+    report.jsonl; never a metric to choose by). Its `rollout` attribute is the RolloutConfig
+    it uses.
     """
-    if not config.data.dev:
+    data = config.data
+    if not data.dev and not getattr(data, "report", None):
         return None
     try:
-        from .rollout import evaluate_em
+        from .rollout import RolloutConfig, evaluate_em
     except ImportError as e:
         raise InputError(f"data.dev is set but dev EM needs dgpo_edge.train.rollout ({e})") from None
     from dgpo_edge.datasets import read_qa
 
-    examples = read_qa(config.data.dev, limit=config.data.dev_limit)
-    retriever = open_retriever(config.data.retriever)
-
-    from .rollout import RolloutConfig
-
+    dev = read_qa(data.dev, limit=data.dev_limit) if data.dev else None
+    report = read_qa(data.report, limit=data.report_limit) if getattr(data, "report", None) else None
+    retriever = open_retriever(data.retriever)
     e = config.eval
     rollout = RolloutConfig(protocol=config.protocol, greedy=True,
-                            batch_size=e.batch_size, engine=e.engine, chat_template=config.data.chat_template)
+                            batch_size=e.batch_size, engine=e.engine, chat_template=data.chat_template)
 
     def evaluate(model: Any, step: int) -> dict:
-        result = evaluate_em(model, tokenizer, examples, retriever, rollout)
-        return {f"dev_{k}": v for k, v in result.items() if isinstance(v, (int, float))}
+        out: dict[str, Any] = {}
+        if dev:
+            result = evaluate_em(model, tokenizer, dev, retriever, rollout)
+            out.update({f"dev_{k}": v for k, v in result.items() if isinstance(v, (int, float))})
+        if report:
+            out["_report"] = {"split": str(data.report), **evaluate_split(model, tokenizer, report, retriever, rollout)}
+        return out
 
     evaluate.rollout = rollout
     return evaluate
+
+
+def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retriever: Retriever | None,
+                   rollout: Any) -> dict:
+    """Greedy EM of QA examples in detail: EM and F1, EM per question type and hop count (the
+    examples' `type` and `hops` fields), ARC (hit ratio, search steps, invalid actions), and the
+    per-question EM in file order, so two evaluations can be compared question by question."""
+    from dataclasses import replace
+
+    from dgpo_edge.arc import episode_arc, summarize_arc
+    from dgpo_edge.metrics import f1_score
+
+    from .rollout import generate_rollouts
+
+    t0 = time.perf_counter()
+    rollouts = generate_rollouts(model, tokenizer, [x.question for x in examples], [x.answers for x in examples],
+                                 retriever, replace(rollout, greedy=True))
+    scores = [r.score for r in rollouts]
+    arc = summarize_arc([episode_arc(r.transcript, r.golds) for r in rollouts])
+    n = len(rollouts)
+    return {
+        "n": n, "em": sum(scores) / n,
+        "f1": sum(f1_score(r.answer, r.golds) for r in rollouts) / n,
+        "em_by_type": _by_group([x.meta.get("type", "?") for x in examples], scores),
+        "em_by_hops": _by_group([x.meta.get("hops", "?") for x in examples], scores),
+        "hit_ratio": arc["hit_ratio"], "search_steps": arc["search_steps"],
+        "invalid_action_rate": arc["invalid_action_rate"], "answered_rate": arc["answered_rate"],
+        "generated_tokens": sum(r.n_generated for r in rollouts) / n,
+        "seconds": round(time.perf_counter() - t0, 1), "scores": [int(s) for s in scores],
+    }
+
+
+def _by_group(keys: list, scores: list[float]) -> dict:
+    sums, counts = defaultdict(float), defaultdict(int)
+    for k, s in zip(keys, scores):
+        sums[str(k)] += s
+        counts[str(k)] += 1
+    return {k: round(sums[k] / counts[k], 4) for k in sorted(sums)}

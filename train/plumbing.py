@@ -236,18 +236,20 @@ def peak_memory_gb() -> float:
 
 
 class Loggers:
-    """metrics.csv / eval.csv (rows after a resumed step are dropped), TensorBoard, W&B."""
+    """metrics.csv / eval.csv / report.jsonl (rows after a resumed step are dropped), TensorBoard, W&B."""
 
     def __init__(self, config: Any, out: Path, main: bool, start_step: int):
         self.main = main
         self.train_csv = out / "metrics.csv"
         self.eval_csv = out / "eval.csv"
+        self.report_jsonl = out / "report.jsonl"
         self.tb = None
         self.wandb = None
         if not main:
             return
         for path in (self.train_csv, self.eval_csv):
             _truncate_csv(path, start_step)
+        _truncate_jsonl(self.report_jsonl, start_step)
         if config.log.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1 if start_step else None)
@@ -262,8 +264,12 @@ class Loggers:
     def train_row(self, row: dict, columns: tuple) -> None:
         self._write(self.train_csv, row, columns, "train")
 
-    def eval_row(self, row: dict) -> None:
+    def eval_row(self, row: dict, report: dict | None = None) -> None:
+        """An evaluation's metrics to eval.csv; `report` (data.report's row) to report.jsonl."""
         self._write(self.eval_csv, row, tuple(row), "dev")
+        if report is not None and self.main:
+            with open(self.report_jsonl, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": row["step"], **report}) + "\n")
 
     def _write(self, path: Path, row: dict, columns: tuple, prefix: str) -> None:
         if not self.main:
@@ -290,6 +296,28 @@ class Loggers:
             self.tb.close()
         if self.wandb:
             self.wandb.finish()
+
+
+def _truncate_jsonl(path: Path, step: int) -> None:
+    """report.jsonl as `_truncate_csv` keeps a CSV: the rows up to `step`, a torn line dropped,
+    nothing on a fresh start (step 0)."""
+    if not path.exists():
+        return
+    if step == 0:
+        path.unlink()
+        return
+    from dgpo_edge.jsonio import atomic_open
+
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue   # a line torn by a crash
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            keep.append(line + "\n")
+    with atomic_open(path) as f:
+        f.writelines(keep)
 
 
 def _truncate_csv(path: Path, step: int) -> None:

@@ -240,7 +240,8 @@ class Trainer:
             self.lm.eval()
             metrics = dict(self.eval_fn(self.lm, self.state.step))
             self.lm.train(was_training)
-            logger.eval_row({"step": self.state.step, **metrics})
+            report = metrics.pop("_report", None)   # data.report: recorded, never chosen by
+            logger.eval_row({"step": self.state.step, **metrics}, report)
             key = self.config.eval.best_metric
             value = metrics.get(key)
             if value is not None and (self.state.best is None or value > self.state.best):

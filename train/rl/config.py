@@ -36,6 +36,10 @@ class RLDataSection:
     retriever: str = ""          # an index dir (open_index) or a corpus .jsonl (BM25 in memory)
     limit: int | None = None     # use only the first N training questions
     dev_limit: int | None = 200  # evaluate on the first N dev questions
+    # QA file evaluated beside dev at every evaluation, for the record only (report.jsonl: EM per
+    # type, per-question scores); nothing chooses by it, so it may be the test split
+    report: str | None = None
+    report_limit: int | None = None  # the first N report questions (None: all)
     chat_template: bool = True   # wrap the Search-R1 prompt in the tokenizer's chat template
 
 

@@ -566,7 +566,8 @@ class RLTrainer:
         self.acc.wait_for_everyone()
         if self.acc.is_main_process:
             metrics = dict(eval_fn(self.lm, self.state.step))
-            logger.eval_row({"step": self.state.step, **metrics})
+            report = metrics.pop("_report", None)   # data.report: recorded, never chosen by
+            logger.eval_row({"step": self.state.step, **metrics}, report)
             value = metrics.get(self.config.eval.best_metric)
             if value is not None and (self.state.best is None or value > self.state.best):
                 self.state.best, self.state.best_step = float(value), self.state.step
