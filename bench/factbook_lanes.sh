@@ -10,6 +10,11 @@
 # one). MINUTES counts from now; every row is stopped then (each resumes from its last checkpoint
 # if the command is run again on the same machine), and every run with a checkpoint is evaluated
 # on the test split, the runs shared out over the lanes' GPUs: out/eval/lanes-test.jsonl.
+# On a lent machine held for at most 30 minutes, MINUTES must also leave out what the lease had
+# already held when this command started (a machine's start can take several minutes of it).
+# Every RL row also evaluates the whole test split every 50 steps while it trains (data.report):
+# out/runs/rl-*/report.jsonl, collected into out/eval/lanes-reports.jsonl when the rows stop, are
+# the numbers to take home when the lease may end before the final evaluations.
 # First, unless SKIP_PREP=1: `start`, then `teacher` on the first lane's GPU.
 # START, TAG and STEPS pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides to every
 # row (e.g. "optim.lr=1e-4"); LIMIT evaluates only the first N test questions.
@@ -50,7 +55,11 @@ for lane in "$@"; do
 done
 wait
 
-# Test EM of every run that left a checkpoint (and the KD start and the teacher), over the GPUs.
+# What the runs evaluated while training (test EM every 50 steps), then test EM of every run that
+# left a checkpoint (and the KD start and the teacher), over the GPUs.
+reported=()
+for f in out/runs/rl-*/report.jsonl; do [ -f "$f" ] && reported+=("$(basename "$(dirname "$f")")"); done
+[ ${#reported[@]} -gt 0 ] && bash $rows reports out/eval/lanes-reports.jsonl "${reported[@]}" | tee -a out/logs/lanes.log
 names=(kd teacher)
 for d in out/runs/rl-*/checkpoints/last; do [ -d "$d" ] && names+=("$(basename "$(dirname "$(dirname "$d")")")"); done
 log "evaluating ${names[*]}"

@@ -252,7 +252,8 @@ class RLTrainer:
 
     def eval_fn(self) -> Callable[[Any, int], dict] | None:
         """Greedy dev EM with this run's own episode limits (the `protocol` section its rollouts use),
-        so a run is evaluated on the kind of episode it trains on; None without data.dev."""
+        so a run is evaluated on the kind of episode it trains on (and data.report for the record);
+        None without data.dev and data.report."""
         from ..evaluation import make_eval_fn
 
         return make_eval_fn(self.config, self.tokenizer)
