@@ -7,6 +7,9 @@ Qwen2.5-3B-shaped teacher, random weights, the real Qwen tokenizer, 512 prompts 
         bench/rl_cost.py run --steps 2 --tag 2gpu                     # rollouts split across ranks
     python bench/rl_cost.py report                                    # the markdown for docs/benchmarks.md
 
+Speed settings to try at this shape (each its own --tag): --forward-batch 16 (fewer, larger
+no-grad passes), --no-checkpointing (the update without the recomputed forward, if memory allows).
+
 Before and after the RL speed work, side by side on one card (`--variant before` decodes with the
 training weights, the two-matmul attention and eager sampling, as the first version did; the
 length-bucketed micro-batches have no switch), then the JSON of bench/results/rl_speed.json:
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> None:
     config.run.resume = False
     config.run.precision = "bf16"
     config.model.path = str(args.work / "student")
-    config.model.gradient_checkpointing = True
+    config.model.gradient_checkpointing = not args.no_checkpointing
     config.teacher.path = str(args.work / "teacher")
     config.data.train = str(args.data)
     config.data.retriever = str(args.retriever)
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> None:
     config.rollout.batch_size = args.batch_size
     config.ppo.mini_batch = min(256, args.prompts)   # the paper: 256 of 512
     config.ppo.micro_batch = args.micro_batch
+    config.ppo.forward_batch = args.forward_batch
     config.optim.steps = args.steps
     config.log.tensorboard = False
     config.log.progress = False
@@ -156,6 +160,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=256, help="episodes decoded together (per process)")
     ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--forward-batch", type=int, default=0, help="rows per no-grad pass (ppo.forward_batch; 0: micro-batch)")
+    ap.add_argument("--no-checkpointing", action="store_true",
+                    help="train without gradient checkpointing (more memory, no recomputed forward)")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--tag", default="1gpu")
     ap.add_argument("--variant", choices=("before", "after"), default="after",
