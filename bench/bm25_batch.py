@@ -87,6 +87,8 @@ def _time_blocks(tokenizer, results: list, times: dict) -> None:
     from dgpo_edge.train.rollout import observation_blocks
 
     batched = observation_blocks(tokenizer)
+    if batched.encode_many is None:
+        raise SystemExit("error: this tokenizer has no batch encoder that counts as the episodes do")
     alone = protocol.InformationBlocks(batched.count_tokens)
     plain = encoder_for_blocks(tokenizer)
     built = []

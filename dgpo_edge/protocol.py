@@ -315,7 +315,8 @@ class InformationBlocks:
     def prefetch(self, passage_lists: Iterable[Sequence[Passage]], max_tokens: int | None) -> None:
         """Fit every passage list not yet in memory, all in one batched search, so that the calls for
         them that follow are answered from memory (`misses` counts the lists fitted, here or in a
-        call; `hits` the calls answered from memory)."""
+        call; `hits` the calls answered from memory). A memory smaller than one round's distinct
+        lists forgets some before they are asked for: those calls fit them again, one at a time."""
         todo: dict[tuple[bytes, int | None], str] = {}
         for passages in passage_lists:
             docs, key = self._docs_and_key(passages, max_tokens)

@@ -81,13 +81,22 @@ def plain_batch_encoder(encode_many: Callable[[list[str]], list[list[int]]],
 
 
 def batch_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]] | None:
-    """A batch form of `encoder_for(tokenizer)`'s encoding (no special tokens added): the Rust
-    `encode_batch` of a `tokenizers.Tokenizer` or of a transformers fast tokenizer's backend;
-    None for anything else."""
-    backend = tokenizer if hasattr(tokenizer, "encode_batch") else getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not hasattr(backend, "encode_batch"):
-        return None
-    return lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    """A batch form of `encoder_for(tokenizer)`'s encoding (no special tokens added), through the
+    Rust `encode_batch`; None for anything without one.
+
+    A transformers fast tokenizer is called as a whole (`tokenizer(texts)`), which switches off
+    any padding or truncation an earlier call left on its backend, as its `encode` does; a
+    `tokenizers.Tokenizer` with padding set is encoded one text at a time, as `encode` would.
+    """
+    if hasattr(tokenizer, "encode_batch"):   # tokenizers.Tokenizer
+        def raw(texts: list[str]) -> list[list[int]]:
+            if tokenizer.padding is not None:   # batch padding would add ids a lone encode does not
+                return [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+            return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+        return raw
+    if getattr(tokenizer, "is_fast", False) and callable(tokenizer):
+        return lambda texts: [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return None
 
 
 def added_token_strings(tokenizer: Any) -> list[str]:

@@ -456,18 +456,15 @@ def _kill_and_close(proc: subprocess.Popen) -> None:
     proc.stderr.close()
 
 
-def _sigint_as_in_a_terminal() -> None:
-    """A test suite started in the background by a script (`pytest &`) inherits an ignored SIGINT,
-    and so would the server it starts; a user's Ctrl-C reaches a server whose SIGINT is default."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
-def test_serve_answers_search_r1_requests_and_stops_on_sigint(flat_index, stop):
-    proc = subprocess.Popen([sys.executable, "-m", "dgpo_edge", "index", "serve", str(flat_index), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_sigint_as_in_a_terminal)
-    lines: queue.Queue[str | None] = queue.Queue()  # stdout, line by line; None at its end
+def _serve(index: Path, sigint: str) -> tuple[subprocess.Popen, queue.Queue]:
+    """`python -m dgpo_edge index serve INDEX --port 0` with SIGINT set first to `sigint`
+    ("default_int_handler": as a terminal gives it; "SIG_IGN": as a script's background job, and a
+    test suite started that way, get it); its stdout line by line in a queue (None at its end)."""
+    start = (f"import runpy, signal; signal.signal(signal.SIGINT, signal.{sigint}); "
+             "runpy.run_module('dgpo_edge', run_name='__main__', alter_sys=True)")
+    proc = subprocess.Popen([sys.executable, "-c", start, "index", "serve", str(index), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
         for line in proc.stdout:
@@ -475,13 +472,25 @@ def test_serve_answers_search_r1_requests_and_stops_on_sigint(flat_index, stop):
         lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
+    return proc, lines
+
+
+def _first_line(proc: subprocess.Popen, lines: queue.Queue) -> str:
     try:
-        try:
-            first = lines.get(timeout=60)
-        except queue.Empty:
-            pytest.fail("the server printed nothing within 60 s")
+        first = lines.get(timeout=60)
+    except queue.Empty:
+        pytest.fail("the server printed nothing within 60 s")
+    assert first is not None, proc.stderr.read()
+    return first
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_serve_answers_search_r1_requests_and_stops_on_sigint(flat_index, stop):
+    proc, lines = _serve(flat_index, "default_int_handler")
+    try:
+        first = _first_line(proc, lines)
         match = re.fullmatch(r"Serving POST (http://127\.0\.0\.1:(\d+)/retrieve) \(Ctrl-C stops\)\n", first)
-        assert match and int(match.group(2)) > 0, (first, proc.stderr.read() if first is None else "")
+        assert match and int(match.group(2)) > 0, first
         request = urllib.request.Request(
             match.group(1), method="POST", headers={"Content-Type": "application/json"},
             data=json.dumps({"queries": [SHARK, "sourdough starter"], "topk": 2,
@@ -508,17 +517,16 @@ def test_serve_answers_search_r1_requests_and_stops_on_sigint(flat_index, stop):
 def test_a_background_server_ignores_sigint_and_stops_on_sigterm(flat_index):
     # Started as `dgpo-edge index serve DIR &` from a script: SIGINT arrives ignored (the shell's
     # rule for background jobs) and stays so; SIGTERM still stops it cleanly.
-    proc = subprocess.Popen([sys.executable, "-m", "dgpo_edge", "index", "serve", str(flat_index), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc, lines = _serve(flat_index, "SIG_IGN")
     try:
-        assert proc.stdout.readline().startswith("Serving POST http://127.0.0.1:")
+        assert _first_line(proc, lines).startswith("Serving POST http://127.0.0.1:")
         proc.send_signal(signal.SIGINT)
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=2)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
-        assert proc.stdout.read() == "stopped\n" and "Traceback" not in proc.stderr.read()
+        assert "".join(iter(lambda: lines.get(timeout=5), None)) == "stopped\n"
+        assert "Traceback" not in proc.stderr.read()
     finally:
         _kill_and_close(proc)
 

@@ -358,6 +358,15 @@ def test_config_errors_exit_2_naming_the_key(toy, tmp_path, override, message):
     assert not (tmp_path / "run").exists()                       # nothing written
 
 
+def test_a_dev_or_report_split_without_questions_is_refused_before_the_run(toy, tmp_path):
+    config = write_rl_config(toy, tmp_path / "run")
+    for overrides in ([f"data.dev={toy / 'dev.jsonl'}", "data.dev_limit=0"],
+                      [f"data.report={toy / 'dev.jsonl'}", "data.report_limit=0"]):
+        key = overrides[0].split("=")[0]
+        assert_one_line_error(invoke("train", "ppo", "--config", config, *overrides), f"{key} gives no questions")
+        assert not (tmp_path / "run").exists()
+
+
 def test_yaml_algorithm_must_match_the_command(toy, tmp_path):
     config = write_rl_config(toy, tmp_path / "run", algorithm="ppo")
     assert_one_line_error(invoke("train", "dgpo", "--config", config), "train ppo")

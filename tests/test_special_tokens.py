@@ -179,6 +179,20 @@ def test_plain_batch_encoder_encodes_what_plain_encodes_in_one_call(library, qwe
     assert batch_encoder(lambda text: [1]) is None             # a bare callable has no batch form
 
 
+@pytest.mark.parametrize("library", ["tokenizers", "transformers"])
+def test_the_batch_encoder_ignores_padding_left_on_by_other_calls(library, qwen_fast, qwen_dir):
+    # Padding (or truncation) switched on by an earlier call must not reach the observations' ids.
+    if library == "tokenizers":
+        tok = type(qwen_fast).from_str(qwen_fast.to_str())   # a copy: the fixture stays as it was
+        tok.enable_padding()
+    else:
+        transformers = pytest.importorskip("transformers")
+        tok = transformers.AutoTokenizer.from_pretrained(str(qwen_dir))
+        tok(["a", "b c d e"], padding=True, truncation=True, max_length=3)
+    texts = ["a", "b c d e f g h"]
+    assert batch_encoder(tok)(texts) == [encoder_for(tok)(t) for t in texts] == [qwen_fast.encode(t).ids for t in texts]
+
+
 # --------------------------------------------------------------------------- transcripts and the agent
 
 def test_transcript_tokenize_encodes_observations_and_feedback_as_text(qwen_fast):

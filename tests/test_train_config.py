@@ -57,6 +57,7 @@ def test_resolved_config_round_trips(tmp_path):
     (GOOD, ["optim.schedule=step"], "override 'optim.schedule' must be one of"),
     (GOOD, ["optim.warmup_ratio=1"], "key 'optim.warmup_ratio'"),
     (GOOD, ["data.dev=dev.jsonl"], "key 'data.retriever' is required"),
+    (GOOD, ["data.report=test.jsonl"], "key 'data.retriever' is required"),
     ("run: {out_dir: x}\nmodel: {path: m}\n", [], "key 'data.train' is required"),
     ("- a\n- b\n", [], "expected a mapping"),
     ("run: [unclosed\n", [], "malformed YAML"),

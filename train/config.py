@@ -403,8 +403,8 @@ def validate(config: Any, path: Path | str) -> None:
         bad("log.every", "must be >= 1")
     if config.eval.batch_size < 1:
         bad("eval.batch_size", "must be >= 1")
-    if config.data.dev and not config.data.retriever:
-        bad("data.retriever", "is required when data.dev is set (dev EM searches)")
+    if (config.data.dev or config.data.report) and not config.data.retriever:
+        bad("data.retriever", "is required when data.dev or data.report is set (their EM searches)")
     validate_lora(config.lora, bad)
     if isinstance(config, KDConfig):
         _validate_kd(config.kd, bad)

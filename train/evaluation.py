@@ -71,10 +71,8 @@ def make_eval_fn(config: Any, tokenizer: Any) -> Callable[[Any, int], dict] | No
         from .rollout import RolloutConfig, evaluate_em
     except ImportError as e:
         raise InputError(f"data.dev is set but dev EM needs dgpo_edge.train.rollout ({e})") from None
-    from dgpo_edge.datasets import read_qa
-
-    dev = read_qa(data.dev, limit=data.dev_limit) if data.dev else None
-    report = read_qa(data.report, limit=data.report_limit) if getattr(data, "report", None) else None
+    dev = _questions(data.dev, data.dev_limit, "data.dev") if data.dev else None
+    report = _questions(data.report, data.report_limit, "data.report") if getattr(data, "report", None) else None
     retriever = open_retriever(data.retriever)
     e = config.eval
     rollout = RolloutConfig(protocol=config.protocol, greedy=True,
@@ -91,6 +89,15 @@ def make_eval_fn(config: Any, tokenizer: Any) -> Callable[[Any, int], dict] | No
 
     evaluate.rollout = rollout
     return evaluate
+
+
+def _questions(path: str, limit: int | None, key: str) -> list:
+    from dgpo_edge.datasets import read_qa
+
+    examples = read_qa(path, limit=limit)
+    if not examples:
+        raise InputError(f"{key} gives no questions to evaluate (limit {limit})", path)
+    return examples
 
 
 def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retriever: Retriever | None,

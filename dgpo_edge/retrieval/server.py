@@ -573,7 +573,8 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, **opt
 
     SIGINT is left as the process got it: a server started in the background by a script inherits
     an ignored SIGINT (so the terminal's Ctrl-C for the foreground job does not stop it); SIGTERM,
-    what `kill`, systemd and `docker stop` send, always stops it the same clean way.
+    what `kill`, systemd and `docker stop` send, stops it the same clean way (unless the process
+    was started with SIGTERM ignored too).
 
     The retriever is left open: whoever made it closes it. A host or port that
     cannot be bound is an InputError (one `error:` line from the CLI).
@@ -597,8 +598,10 @@ def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, **opt
 @contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
     """Within the block, SIGTERM raises KeyboardInterrupt as Ctrl-C does (main thread only: Python
-    runs signal handlers there, and a server run in a thread is stopped by `shutdown()`)."""
-    if threading.current_thread() is not threading.main_thread():
+    runs signal handlers there, and a server run in a thread is stopped by `shutdown()`). A SIGTERM
+    the process was started with ignored stays ignored, as SIGINT does."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
         yield
         return
 

@@ -261,12 +261,12 @@ class RLTrainer:
     # -- the loop --------------------------------------------------------------------------------
     def train(self) -> dict:
         """Run to `optim.steps` (or a collapse stop), resuming from checkpoints/last when present."""
+        eval_fn = self.eval_fn()   # first: a bad dev or report file stops the run before its folder is touched
         saved = prepare_run_dir(self.acc, self.config, self.out, states=self._states())
         if saved is not None:
             self.state = RLState(**saved)
             self.watch.load_state_dict(self.state.collapse)
             self._sync_rollout_copy()   # the actor's weights were just restored
-        eval_fn = self.eval_fn()
         logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
         t_start = time.perf_counter() - self.state.elapsed_s
         if eval_fn and self.config.eval.at_start and self.state.step == 0:
