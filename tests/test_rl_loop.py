@@ -471,6 +471,19 @@ def test_the_report_split_is_recorded_at_every_evaluation_and_never_chosen_by(to
     run_rl(load_rl_config("ppo", write_rl_config(toy, out, optim={"steps": 3}, **sections)))   # resumes at 2
     assert [json.loads(line)["step"] for line in (out / "report.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
 
+    # bench/report_rows.py: the rows as table rows, once each; a folder without a report writes nothing
+    table, script = tmp_path / "rows.jsonl", str(ROOT / "bench" / "report_rows.py")
+    for _ in range(2):
+        r = subprocess.run([sys.executable, script, str(out), "--out", str(table), "--step", "3", "--commit", "abc"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    (row,) = [json.loads(line) for line in table.read_text().splitlines()]
+    assert (row["method"], row["split"], row["rl_steps"], row["commit"]) == ("rl3-run", "train", 3, "abc")
+    assert row["scores"] == json.loads((out / "report.jsonl").read_text().splitlines()[-1])["scores"]
+    r = subprocess.run([sys.executable, script, str(tmp_path), "--out", str(tmp_path / "none.jsonl")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no report.jsonl" in r.stderr and not (tmp_path / "none.jsonl").exists()
+
 
 def test_rl_continues_a_saved_adapter(toy, tmp_path):
     # lora.init_from: the actor is model.path (the base) + the saved adapter, training on; the critic
