@@ -15,7 +15,8 @@
 # Every RL row also evaluates the whole test split every 50 steps while it trains (data.report):
 # out/runs/rl-*/report.jsonl, collected into out/eval/lanes-reports.jsonl when the rows stop, are
 # the numbers to take home when the lease may end before the final evaluations.
-# First, unless SKIP_PREP=1: `start`, then `teacher` on the first lane's GPU.
+# First, unless SKIP_PREP=1: `start`, then `teacher` on the first lane's GPU, beside the PPO and GRPO
+# rows (the teacher-free ones start at once; DGPO and its ablations wait for the teacher).
 # START, TAG and STEPS pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides to every
 # row (e.g. "optim.lr=1e-4"); LIMIT evaluates only the first N test questions.
 # Logs: out/logs/lanes-*.log and out/logs/rl-*.log.
@@ -34,13 +35,27 @@ for lane in "$@"; do
   gpus+=("${lane%%=*}")
 done
 
+# The teacher trains on the first lane's GPU while the rows that need none (ppo, grpo) already run;
+# the others wait for it. Runs are compared at equal steps (report.jsonl), not at equal wall time.
+teacher_state=out/logs/lanes-teacher.state
+rm -f $teacher_state
 if [ "${SKIP_PREP:-0}" != 1 ]; then
   log "start"; bash $rows start > out/logs/lanes-start.log 2>&1 || { log "start failed (out/logs/lanes-start.log)"; exit 1; }
-  log "teacher"; CUDA_VISIBLE_DEVICES=${gpus[0]} bash $rows teacher > out/logs/lanes-teacher.log 2>&1 \
-    || { log "teacher failed (out/logs/lanes-teacher.log)"; exit 1; }
+  log "teacher"
+  ( if CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$(left)" bash $rows teacher > out/logs/lanes-teacher.log 2>&1; then
+      echo ok; else echo failed; fi \
+      > $teacher_state ) &
+else
+  echo ok > $teacher_state
 fi
 
+wait_for_teacher() {  # 0 once the teacher is trained; 1 if it failed or the deadline is near
+  until [ -s $teacher_state ]; do sleep 5; [ "$(left)" -gt 60 ] || return 1; done
+  [ "$(cat $teacher_state)" = ok ] || { log "teacher failed (out/logs/lanes-teacher.log)"; return 1; }
+}
+
 run_row() {  # GPU METHOD SEED
+  case $2 in ppo|grpo) ;; *) wait_for_teacher || { log "skip $2 s$3: no teacher"; return; } ;; esac
   local l; l=$(left)
   [ "$l" -gt 60 ] || { log "skip $2 s$3: $l s left"; return; }
   log "gpu $1: $2 s$3 for up to $l s"
