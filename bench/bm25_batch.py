@@ -98,9 +98,7 @@ def _time_blocks(tokenizer, results: list, times: dict) -> None:
             texts = [alone(passages, 500) for passages in results]
             ids = [plain(t) for t in texts]
         else:
-            if name == "blocks_fresh_batched":
-                batched.prefetch(results, 500)
-            texts = [batched(passages, 500) for passages in results]
+            texts = batched.many(results, 500)
             ids = batched.encode_many(texts)
         times.setdefault(name, []).append(time.perf_counter() - t0)
         built.append((texts, ids))

@@ -258,9 +258,8 @@ def _fitting_lengths(docs: Sequence[str], max_tokens: int, count_many: Callable[
     that each round's candidate blocks are counted in one `count_many` call (a tokenizer's batch
     encoder tokenizes them in parallel) and every search probes exactly what it would alone."""
     whole = count_many([_wrap(d) for d in docs])
-    lo = [0] * len(docs)
-    hi = [len(d) if n > max_tokens else 0 for d, n in zip(docs, whole)]
-    fits = [i for i, n in enumerate(whole) if n <= max_tokens]
+    lo = [len(d) if n <= max_tokens else 0 for d, n in zip(docs, whole)]   # a whole block that fits is done
+    hi = [len(d) for d in docs]
     while True:
         open_ = [i for i in range(len(docs)) if lo[i] < hi[i]]
         if not open_:
@@ -272,8 +271,6 @@ def _fitting_lengths(docs: Sequence[str], max_tokens: int, count_many: Callable[
                 lo[i] = mids[i]
             else:
                 hi[i] = mids[i] - 1
-    for i in fits:
-        lo[i] = len(docs[i])
     return lo
 
 
@@ -284,8 +281,8 @@ class InformationBlocks:
     again (the same questions every epoch, the same searches for one question), and on FactbookQA
     that tokenizing was most of a rollout's host time. The memory holds, for the last `size`
     distinct (docs text, max_tokens), the length that fits, keyed by a 128-bit BLAKE2b digest of
-    the text, so a remembered block is the one `information_block` builds. `prefetch` fits many
-    passage lists at once (a rollout's searches of one round), counting through `encode_many` when
+    the text, so a remembered block is the one `information_block` builds. `many` (and `prefetch`)
+    fits many passage lists at once (a rollout's searches of one round), counting through `encode_many` when
     given: a batch encoder whose ids' lengths are what `count_tokens` counts (the rollouts also
     encode a round's blocks with it); otherwise through `count_tokens` one text at a time.
     """
@@ -302,7 +299,23 @@ class InformationBlocks:
         self.hits = self.misses = 0
 
     def __call__(self, passages: Sequence[Passage], max_tokens: int | None) -> str:
-        docs, key = self._docs_and_key(passages, max_tokens)
+        return self._block(*self._docs_and_key(passages, max_tokens), max_tokens)
+
+    def many(self, passage_lists: Iterable[Sequence[Passage]], max_tokens: int | None) -> list[str]:
+        """The block of each passage list, as calls one by one give them, with the lists not yet in
+        memory fitted together first (`prefetch`); each list's text is formatted once."""
+        items = [self._docs_and_key(passages, max_tokens) for passages in passage_lists]
+        self._fit_new(items, max_tokens)
+        return [self._block(docs, key, max_tokens) for docs, key in items]
+
+    def prefetch(self, passage_lists: Iterable[Sequence[Passage]], max_tokens: int | None) -> None:
+        """Fit every passage list not yet in memory, all in one batched search, so that the calls for
+        them that follow are answered from memory (`misses` counts the lists fitted, here or in a
+        call; `hits` the calls answered from memory). A memory smaller than one round's distinct
+        lists forgets some before they are asked for: those calls fit them again, one at a time."""
+        self._fit_new([self._docs_and_key(passages, max_tokens) for passages in passage_lists], max_tokens)
+
+    def _block(self, docs: str, key: tuple[bytes, int | None], max_tokens: int | None) -> str:
         length = self._fits.get(key)
         if length is None:
             self.misses += 1
@@ -312,14 +325,9 @@ class InformationBlocks:
             self.hits += 1
         return _wrap(docs[:length].rstrip())
 
-    def prefetch(self, passage_lists: Iterable[Sequence[Passage]], max_tokens: int | None) -> None:
-        """Fit every passage list not yet in memory, all in one batched search, so that the calls for
-        them that follow are answered from memory (`misses` counts the lists fitted, here or in a
-        call; `hits` the calls answered from memory). A memory smaller than one round's distinct
-        lists forgets some before they are asked for: those calls fit them again, one at a time."""
+    def _fit_new(self, items: list[tuple[str, tuple[bytes, int | None]]], max_tokens: int | None) -> None:
         todo: dict[tuple[bytes, int | None], str] = {}
-        for passages in passage_lists:
-            docs, key = self._docs_and_key(passages, max_tokens)
+        for docs, key in items:
             if key not in todo and self._fits.get(key) is None:
                 todo[key] = docs
         if not todo:

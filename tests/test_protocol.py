@@ -239,6 +239,9 @@ def test_prefetch_fits_many_blocks_with_the_searches_each_would_make_alone():
         assert not batches and blocks.hits == 5 and blocks.misses == 4
         blocks.prefetch(sets, limit)                                       # all remembered: nothing counted
         assert not batches and blocks.misses == 4
+        fresh = InformationBlocks(words, encode_many=many)                 # many = prefetch, then the calls
+        assert fresh.many(sets, limit) == expected + expected[:1]
+        assert (fresh.hits, fresh.misses) == (5, 4) and sorted(t for b in batches for t in b) == sorted(alone)
 
 
 def test_format_docs_edge_forms():

@@ -65,14 +65,14 @@ def make_eval_fn(config: Any, tokenizer: Any) -> Callable[[Any, int], dict] | No
     it uses.
     """
     data = config.data
-    if not data.dev and not getattr(data, "report", None):
+    if not data.dev and not data.report:
         return None
     try:
         from .rollout import RolloutConfig, evaluate_em
     except ImportError as e:
         raise InputError(f"data.dev is set but dev EM needs dgpo_edge.train.rollout ({e})") from None
     dev = _questions(data.dev, data.dev_limit, "data.dev") if data.dev else None
-    report = _questions(data.report, data.report_limit, "data.report") if getattr(data, "report", None) else None
+    report = _questions(data.report, data.report_limit, "data.report") if data.report else None
     retriever = open_retriever(data.retriever)
     e = config.eval
     rollout = RolloutConfig(protocol=config.protocol, greedy=True,
