@@ -17,9 +17,12 @@
 # the numbers to take home when the lease may end before the final evaluations.
 # First, unless SKIP_PREP=1: `start`, then `teacher` on the first lane's GPU, beside the PPO and GRPO
 # rows (the teacher-free ones start at once; DGPO and its ablations wait for the teacher).
-# START, TAG and STEPS pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides to every
-# row (e.g. "optim.lr=1e-4"); LIMIT evaluates only the first N test questions.
-# Logs: out/logs/lanes-*.log and out/logs/rl-*.log.
+# Once the teacher is trained, the references (teacher, KD start, pruned base) are evaluated on the
+# test and dev splits on the first lane's GPU, beside its rows: out/eval/lanes-ref.jsonl.
+# START, TAG, STEPS and MICRO_BATCH pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
+# to every row (e.g. "optim.lr=1e-4"); LIMIT evaluates only the first N test questions; EVAL_LAST=0
+# skips the last-checkpoint evaluations after the deadline (the runs' reports hold test EM already).
+# Logs: out/logs/lanes-*.log and out/logs/rl-*.log; out/logs/lanes.done once everything has ended.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:?usage: bench/factbook_lanes.sh MINUTES GPU=METHOD:SEED[,...] ...}; shift
@@ -38,13 +41,19 @@ done
 # The teacher trains on the first lane's GPU while the rows that need none (ppo, grpo) already run;
 # the others wait for it. Runs are compared at equal steps (report.jsonl), not at equal wall time.
 teacher_state=out/logs/lanes-teacher.state
-rm -f $teacher_state
+rm -f $teacher_state out/logs/lanes.done
 if [ "${SKIP_PREP:-0}" != 1 ]; then
   log "start"; bash $rows start > out/logs/lanes-start.log 2>&1 || { log "start failed (out/logs/lanes-start.log)"; exit 1; }
   log "teacher"
   ( if CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$(left)" bash $rows teacher > out/logs/lanes-teacher.log 2>&1; then
       echo ok; else echo failed; fi \
-      > $teacher_state ) &
+      > $teacher_state
+    if [ "$(cat $teacher_state)" = ok ]; then
+      log "evaluating the references"
+      CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$(left)" bash $rows eval out/eval/lanes-ref.jsonl test,dev teacher kd base \
+        > out/logs/lanes-ref.log 2>&1
+      log "references evaluated (status $?)"
+    fi ) &
 else
   echo ok > $teacher_state
 fi
@@ -75,6 +84,7 @@ wait
 reported=()
 for f in out/runs/rl-*/report.jsonl; do [ -f "$f" ] && reported+=("$(basename "$(dirname "$f")")"); done
 [ ${#reported[@]} -gt 0 ] && bash $rows reports out/eval/lanes-reports.jsonl "${reported[@]}" | tee -a out/logs/lanes.log
+if [ "${EVAL_LAST:-1}" = 0 ]; then log "done"; touch out/logs/lanes.done; exit 0; fi
 names=(kd teacher)
 for d in out/runs/rl-*/checkpoints/last; do [ -d "$d" ] && names+=("$(basename "$(dirname "$(dirname "$d")")")"); done
 log "evaluating ${names[*]}"
@@ -86,3 +96,4 @@ for i in "${!gpus[@]}"; do
 done
 wait
 grep -h " EM " out/logs/lanes-eval-*.log | tee -a out/logs/lanes.log
+touch out/logs/lanes.done

@@ -8,7 +8,7 @@
 #   bench/factbook_rows.sh start                  # data, the pruned base, the KD start (the shipped adapter merged)
 #   bench/factbook_rows.sh teacher                # the SFT teacher (train/configs/factbook-teacher-sft.yaml)
 #   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run: out/runs/rl-METHOD-sSEED
-#   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of runs (bench/factbook_eval.py; LIMIT=N: first N)
+#   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of runs, or kd, teacher, base (bench/factbook_eval.py; LIMIT=N: first N)
 #   bench/factbook_rows.sh reports OUT.jsonl NAME...      # the test EM rows the runs wrote while training (every 50 steps)
 #   bench/factbook_rows.sh pack NAME|DIR [QUANT]  # a run's student (or a checkpoint folder) as GGUF (q8_0) in 15 MiB pieces + sha256
 #   bench/factbook_rows.sh unpack DIR NAME [QUANT]   # here: the pieces joined and checked
@@ -40,7 +40,7 @@ KD=out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut
 BASE=out/models/smollm2-135m-15l
 TEACHER=out/runs/factbook-teacher-sft/checkpoints/last
 done_run() { [ -f "out/runs/$1/summary.json" ]; }
-checkpoint() { case $1 in kd) echo $KD ;; teacher) echo $TEACHER ;; *) echo "out/runs/$1/checkpoints/last" ;; esac; }
+checkpoint() { case $1 in kd) echo $KD ;; teacher) echo $TEACHER ;; base) echo $BASE ;; *) echo "out/runs/$1/checkpoints/last" ;; esac; }
 stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|eval|reports|pack|unpack ...}; shift
 
 case $stage in
@@ -85,7 +85,7 @@ eval)
   for name in "$@"; do
     dir=$(checkpoint "$name")
     # a run may have stopped before its first checkpoint; the KD start and the teacher must exist
-    if [ -d "$dir" ] || [ "$name" = kd ] || [ "$name" = teacher ]; then models+=(--model "$name=$dir"); fi
+    if [ -d "$dir" ] || [ "$name" = kd ] || [ "$name" = teacher ] || [ "$name" = base ]; then models+=(--model "$name=$dir"); fi
   done
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
   "$py" bench/factbook_eval.py --data out/factbookqa --out "$out" --splits "$splits" --card "$card" ${LIMIT:+--limit "$LIMIT"} \
