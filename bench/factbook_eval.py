@@ -73,11 +73,9 @@ def main() -> None:
             continue
         model, tokenizer = load_lm(path)
         model.to("cuda" if torch.cuda.is_available() else "cpu").to(torch.bfloat16)
-        params = sum(p.numel() for p in model.parameters())
         for split in todo:
             examples = read_qa(str(data / f"{split}.jsonl"), limit=args.limit)
-            row = {"method": name, "split": split, "model": path, "params": params,
-                   "card": args.card, "commit": args.commit}
+            row = {"method": name, "split": split, "model": path, "card": args.card, "commit": args.commit}
             row.update(evaluate(model, tokenizer, examples, retriever, args))
             with out.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")

@@ -463,6 +463,9 @@ def test_the_report_split_is_recorded_at_every_evaluation_and_never_chosen_by(to
     for r in report:
         assert r["split"] == str(toy / "train.jsonl") and r["n"] == 4 and len(r["scores"]) == 4
         assert r["em"] == sum(r["scores"]) / 4 and set(r["em_by_type"]) == {"?"} and "hit_ratio" in r
+    from dgpo_edge.train.models import load_lm
+    actor, _ = load_lm(str(out / "checkpoints" / "last"))
+    assert {r["params"] for r in report} == {sum(p.numel() for p in actor.parameters())}
     with open(out / "eval.csv", newline="") as f:
         header = next(csv.reader(f))
     assert all(k == "step" or k.startswith("dev_") for k in header)

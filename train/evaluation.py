@@ -103,8 +103,9 @@ def _questions(path: str, limit: int | None, key: str) -> list:
 def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retriever: Retriever | None,
                    rollout: Any) -> dict:
     """Greedy EM of QA examples in detail: EM and F1, EM per question type and hop count (the
-    examples' `type` and `hops` fields), ARC (hit ratio, search steps, invalid actions), and the
-    per-question EM in file order, so two evaluations can be compared question by question."""
+    examples' `type` and `hops` fields), ARC (hit ratio, search steps, invalid actions), the
+    model's parameter count (a tied embedding once), and the per-question EM in file order, so two
+    evaluations can be compared question by question."""
     from dataclasses import replace
 
     from dgpo_edge.arc import episode_arc, summarize_arc
@@ -119,7 +120,7 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
     arc = summarize_arc([episode_arc(r.transcript, r.golds) for r in rollouts])
     n = len(rollouts)
     return {
-        "n": n, "em": sum(scores) / n,
+        "n": n, "em": sum(scores) / n, "params": sum(p.numel() for p in model.parameters()),
         "f1": sum(f1_score(r.answer, r.golds) for r in rollouts) / n,
         "em_by_type": _by_group([x.meta.get("type", "?") for x in examples], scores),
         "em_by_hops": _by_group([x.meta.get("hops", "?") for x in examples], scores),
