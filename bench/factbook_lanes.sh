@@ -12,9 +12,10 @@
 # on the test split, the runs shared out over the lanes' GPUs: out/eval/lanes-test.jsonl.
 # On a lent machine held for at most 30 minutes, MINUTES must also leave out what the lease had
 # already held when this command started (a machine's start can take several minutes of it).
-# Every RL row also evaluates the whole test split every 50 steps while it trains (data.report):
-# out/runs/rl-*/report.jsonl, collected into out/eval/lanes-reports.jsonl when the rows stop, are
-# the numbers to take home when the lease may end before the final evaluations.
+# Every RL row also evaluates the whole test split every 50 steps while it trains (data.report), and
+# a KD-loss row (kd_jsd:0, ...) at its end: out/runs/{rl,kd}-*/report.jsonl, collected into
+# out/eval/lanes-reports.jsonl when the rows stop, are the numbers to take home when the lease may
+# end before the final evaluations.
 # First, unless SKIP_PREP=1: `start`, then `teacher` on the first lane's GPU, beside the PPO and GRPO
 # rows (the teacher-free ones start at once; DGPO and its ablations wait for the teacher).
 # Once the teacher is trained, the references (teacher, KD start, pruned base) are evaluated on the
@@ -82,7 +83,7 @@ wait
 # What the runs evaluated while training (test EM every 50 steps), then test EM of every run that
 # left a checkpoint (and the KD start and the teacher), over the GPUs.
 reported=()
-for f in out/runs/rl-*/report.jsonl; do [ -f "$f" ] && reported+=("$(basename "$(dirname "$f")")"); done
+for f in out/runs/rl-*/report.jsonl out/runs/kd-*/report.jsonl; do [ -f "$f" ] && reported+=("$(basename "$(dirname "$f")")"); done
 [ ${#reported[@]} -gt 0 ] && bash $rows reports out/eval/lanes-reports.jsonl "${reported[@]}" | tee -a out/logs/lanes.log
 if [ "${EVAL_LAST:-1}" = 0 ]; then log "done"; touch out/logs/lanes.done; exit 0; fi
 names=(kd teacher)

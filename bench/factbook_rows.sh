@@ -7,14 +7,17 @@
 #
 #   bench/factbook_rows.sh start                  # data, the pruned base, the KD start (the shipped adapter merged)
 #   bench/factbook_rows.sh teacher                # the SFT teacher (train/configs/factbook-teacher-sft.yaml)
-#   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run: out/runs/rl-METHOD-sSEED
+#   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run (out/runs/rl-METHOD-sSEED) or KD-loss row
 #   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of runs, or kd, teacher, base (bench/factbook_eval.py; LIMIT=N: first N)
-#   bench/factbook_rows.sh reports OUT.jsonl NAME...      # the test EM rows the runs wrote while training (every 50 steps)
+#   bench/factbook_rows.sh reports OUT.jsonl NAME...      # the test EM rows the runs wrote while training (RL: every 50 steps)
 #   bench/factbook_rows.sh pack NAME|DIR [QUANT]  # a run's student (or a checkpoint folder) as GGUF (q8_0) in 15 MiB pieces + sha256
 #   bench/factbook_rows.sh unpack DIR NAME [QUANT]   # here: the pieces joined and checked
 #
-# METHOD: ppo | dgpo | grpo | dgpo_all_rollouts | dgpo_no_cold_start. STEPS (default 200) sets the
-# run length; the rest of each run is train/configs/factbook-{dgpo,ppo}.yaml. START=adapter trains
+# METHOD: ppo | dgpo | grpo | dgpo_all_rollouts | dgpo_no_cold_start, or a KD-loss row kd_forward_kl |
+# kd_reverse_kl | kd_jsd | kd_seqkd: the FactbookQA KD recipe (train/configs/factbook-kd.yaml, LoRA,
+# 3 epochs) with that loss from the teacher, out/runs/kd-LOSS-sSEED, dev and test EM at its end
+# (kd_seqkd first writes the teacher's own trajectories, out/tgo, as `bench/factbook_rl.sh tgo` does).
+# STEPS (default 200) sets the RL run length; the rest of each run is train/configs/factbook-{dgpo,ppo}.yaml. START=adapter trains
 # the shipped adapter itself (lora.init_from over the pruned base; the run is rl-METHOD-lora-sSEED
 # and its checkpoints/*/adapter is what the bundle ships); TAG=x appends -x to the run's name
 # (e.g. for learning-rate variants). The KD start is KD_ADAPTER merged into its base, so a lease
@@ -38,8 +41,22 @@ KD_ADAPTER=${KD_ADAPTER:-dgpo_edge/bundle/shipped/adapter}
 # the merged start is named after the adapter's digest, so another adapter never reuses it
 KD=out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12)
 BASE=out/models/smollm2-135m-15l
-TEACHER=out/runs/factbook-teacher-sft/checkpoints/last
+TEACHER=${TEACHER:-out/runs/factbook-teacher-sft/checkpoints/last}   # the teacher stage writes this one
 done_run() { [ -f "out/runs/$1/summary.json" ]; }
+kd_row() {  # METHOD SEED [k=v]: one KD-loss row of Table 1
+  local loss=${1#kd_} seed=$2 train=out/factbookqa/oracle.jsonl; shift 2
+  local name=kd-$loss${TAG:+-$TAG}-s$seed
+  done_run "$name" && return 0
+  if [ "$loss" = seqkd ]; then  # cross-entropy on the teacher's own correct trajectories
+    train=out/tgo/factbook-teacher.jsonl; mkdir -p out/tgo
+    [ -f out/tgo/factbook-teacher.done ] || { "${de[@]}" train tgo --teacher $TEACHER --data out/factbookqa/train.jsonl \
+      --index out/factbookqa/corpus.jsonl --out $train --n 1 --batch-size 512 --max-turn-tokens 128 \
+      && touch out/tgo/factbook-teacher.done; }
+  fi
+  "${de[@]}" train kd --config train/configs/factbook-kd.yaml run.out_dir=out/runs/$name run.seed="$seed" \
+    kd.loss="$loss" kd.teacher=$TEACHER data.train=$train data.report=out/factbookqa/test.jsonl \
+    eval.at_start=false log.progress=false "$@"
+}
 checkpoint() { case $1 in kd) echo $KD ;; teacher) echo $TEACHER ;; base) echo $BASE ;; *) echo "out/runs/$1/checkpoints/last" ;; esac; }
 stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|eval|reports|pack|unpack ...}; shift
 
@@ -57,6 +74,7 @@ teacher)
     model.path="$gguf" data.dev=null log.progress=false "$@" ;;
 row)
   method=${1:?METHOD}; seed=${2:?SEED}; shift 2
+  case $method in kd_forward_kl|kd_reverse_kl|kd_jsd|kd_seqkd) kd_row "$method" "$seed" "$@"; exit ;; esac
   start=(model.path=$KD); variant=
   if [ "${START:-merged}" = adapter ]; then
     start=(model.path=$BASE lora.init_from=$KD_ADAPTER); variant=-lora
@@ -77,7 +95,7 @@ row)
             teacher.path=$TEACHER teacher.apply_to=all "$@" ;;
     dgpo_no_cold_start) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" \
             teacher.path=$TEACHER model.path=$BASE lora.init_from=null "$@" ;;
-    *) echo "error: unknown method $method (ppo, dgpo, grpo, dgpo_all_rollouts, dgpo_no_cold_start)" >&2; exit 2 ;;
+    *) echo "error: unknown method $method (ppo, dgpo, grpo, dgpo_all_rollouts, dgpo_no_cold_start, kd_forward_kl, kd_reverse_kl, kd_jsd, kd_seqkd)" >&2; exit 2 ;;
   esac ;;
 eval)
   out=${1:?OUT.jsonl}; splits=${2:?SPLITS}; shift 2

@@ -1,9 +1,11 @@
 """Rows of runs' report.jsonl (`data.report`, evaluated during training) in bench/factbook_eval.py's
 row format, appended to a JSONL that bench/table1.py reads.
 
-Each report row becomes one row named `rl<STEP>-<run>` (a run folder `rl-dgpo-s0` at step 150 gives
-`rl150-dgpo-s0`; other folder names are kept whole), with `rl_steps`, the split's file stem, the
-card and commit given here. A (method, split) already in the output is skipped, so it can run again.
+Each report row of an RL run becomes one row named `rl<STEP>-<run>` (a run folder `rl-dgpo-s0` at
+step 150 gives `rl150-dgpo-s0`; other folder names are kept whole), with `rl_steps`; a row of an SFT
+or KD run (its config.yaml says which) is named `<run>-step<STEP>` and has no `rl_steps`. Each row
+has the split's file stem, and the card and commit given here. A (method, split) already in the
+output is skipped, so it can run again.
 
     python bench/report_rows.py out/runs/rl-dgpo-s0 out/runs/rl-ppo-s0 --out rows.jsonl \
         --card "NVIDIA H200" --commit abc1234 [--step 150]
@@ -25,14 +27,24 @@ def report_rows(run: Path, step: int | None, card: str, commit: str) -> list[dic
     if not path.is_file():
         raise InputError("no report.jsonl (was the run given data.report?)", run)
     name = run.name[3:] if run.name.startswith("rl-") else run.name
+    rl = _stage(run) not in ("sft", "kd")
     rows = []
     for _, r in read_jsonl(path):
         if step is not None and r["step"] != step:
             continue
-        rows.append({"method": f"rl{r['step']}-{name}", "split": Path(r["split"]).stem,
-                     "model": f"{run}@{r['step']}", "card": card, "commit": commit, "rl_steps": r["step"],
-                     **{k: v for k, v in r.items() if k not in ("step", "split")}})
+        head = {"method": f"rl{r['step']}-{name}", "rl_steps": r["step"]} if rl else {"method": f"{run.name}-step{r['step']}"}
+        rows.append({**head, "split": Path(r["split"]).stem, "model": f"{run}@{r['step']}", "card": card,
+                     "commit": commit, **{k: v for k, v in r.items() if k not in ("step", "split")}})
     return rows
+
+
+def _stage(run: Path) -> str | None:
+    """The trainer that wrote the run (sft, kd, ppo, dgpo, grpo), from its config.yaml's header."""
+    config = run / "config.yaml"
+    if not config.is_file():
+        return None
+    first = config.read_text(encoding="utf-8").split("\n", 1)[0].split()   # "# resolved kd config (...)"
+    return first[2] if first[:2] == ["#", "resolved"] and len(first) > 2 else None
 
 
 def main() -> None:

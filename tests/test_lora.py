@@ -54,6 +54,17 @@ def test_only_adapters_train_and_norms_when_asked(toy):
     assert len(trainable - norms) == 2 * 2 * 2
 
 
+def test_evaluation_counts_the_parameters_a_merged_adapter_ships_with(toy):
+    # report rows and factbook_eval rows give a student's size: an adapter merges into its weights
+    from dgpo_edge.train.evaluation import _params
+
+    base = _base(toy)
+    n = sum(p.numel() for p in base.parameters())
+    adapted = apply_lora(_base(toy), LoRASection(r=4))
+    assert sum(p.numel() for p in adapted.parameters()) > n
+    assert _params(adapted) == _params(base) == n
+
+
 def test_sft_with_lora_learns_and_saves_merged_weights_and_the_adapter(toy, tmp_path):
     run = _sft(toy, tmp_path, lora={"r": 8, "alpha": 16.0, "save_dtype": "f32"}, max_steps=10)
     losses = [float(r["loss"]) for r in read_metrics(run / "metrics.csv")]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,6 +188,14 @@ def test_sft_records_the_report_split_without_dev(toy, tmp_path):
     report = [json.loads(line) for line in (tmp_path / "run" / "report.jsonl").read_text().splitlines()]
     assert [(r["step"], r["n"], len(r["scores"])) for r in report] == [(2, 2, 2)]
     assert summary["best"] is None
+
+    # bench/report_rows.py names an SFT run's row by folder and step, with no RL steps
+    rows = tmp_path / "rows.jsonl"
+    r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "bench" / "report_rows.py"),
+                        str(tmp_path / "run"), "--out", str(rows)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert row["method"] == "run-step2" and "rl_steps" not in row and row["scores"] == report[0]["scores"]
 
 
 def test_one_process_can_train_in_fp32_then_bf16():

@@ -104,7 +104,7 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
                    rollout: Any) -> dict:
     """Greedy EM of QA examples in detail: EM and F1, EM per question type and hop count (the
     examples' `type` and `hops` fields), ARC (hit ratio, search steps, invalid actions), the
-    model's parameter count (a tied embedding once), and the per-question EM in file order, so two
+    model's parameter count (as shipped: see `_params`), and the per-question EM in file order, so two
     evaluations can be compared question by question."""
     from dataclasses import replace
 
@@ -120,7 +120,7 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
     arc = summarize_arc([episode_arc(r.transcript, r.golds) for r in rollouts])
     n = len(rollouts)
     return {
-        "n": n, "em": sum(scores) / n, "params": sum(p.numel() for p in model.parameters()),
+        "n": n, "em": sum(scores) / n, "params": _params(model),
         "f1": sum(f1_score(r.answer, r.golds) for r in rollouts) / n,
         "em_by_type": _by_group([x.meta.get("type", "?") for x in examples], scores),
         "em_by_hops": _by_group([x.meta.get("hops", "?") for x in examples], scores),
@@ -129,6 +129,12 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
         "generated_tokens": sum(r.n_generated for r in rollouts) / n,
         "seconds": round(time.perf_counter() - t0, 1), "scores": [int(s) for s in scores],
     }
+
+
+def _params(model: Any) -> int:
+    """Parameters of the model as it ships: a LoRA adapter's own weights are left out (they merge
+    into the weights they adapt), a tied embedding counted once."""
+    return sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
 
 
 def _by_group(keys: list, scores: list[float]) -> dict:
