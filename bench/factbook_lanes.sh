@@ -5,9 +5,11 @@
 #   bench/factbook_lanes.sh MINUTES LANE [LANE...]
 #   bench/factbook_lanes.sh 20 "0=dgpo:0,ppo:0,dgpo:1,ppo:1" "1=dgpo:2,ppo:2,grpo:0"
 #
-# A LANE is GPU=METHOD:SEED[,METHOD:SEED...]: the rows of a lane run at once on that GPU (small
+# A LANE is GPU=METHOD:SEED[:VARIANT][,...]: the rows of a lane run at once on that GPU (small
 # students leave most of a card idle; four FactbookQA runs on one H200 gave 2.1x the steps of
-# one). MINUTES counts from now; every row is stopped then (each resumes from its last checkpoint
+# one). A VARIANT names overrides given in the environment, VARIANT_<name>, for that row alone, and
+# tags its run (bench/factbook_rows.sh's TAG): with VARIANT_b01="teacher.beta=0.01", dgpo:0:b01
+# trains out/runs/rl-dgpo-b01-s0. MINUTES counts from now; every row is stopped then (each resumes from its last checkpoint
 # if the command is run again on the same machine), and every run with a checkpoint is evaluated
 # on the test split, the runs shared out over the lanes' GPUs: out/eval/lanes-test.jsonl.
 # On a lent machine held for at most 30 minutes, MINUTES must also leave out what the lease had
@@ -34,9 +36,16 @@ log() { echo "[$(date +%H:%M:%S)] $*" | tee -a out/logs/lanes.log; }
 rows=bench/factbook_rows.sh
 mkdir -p out/logs out/eval
 gpus=()
+spec_re='[a-z_]+:[0-9]+(:[a-z0-9_]+)?'
 for lane in "$@"; do
-  [[ $lane =~ ^[0-9]+=[a-z_]+:[0-9]+(,[a-z_]+:[0-9]+)*$ ]] || { echo "error: bad lane '$lane' (GPU=METHOD:SEED,...)" >&2; exit 2; }
+  [[ $lane =~ ^[0-9]+=$spec_re(,$spec_re)*$ ]] || { echo "error: bad lane '$lane' (GPU=METHOD:SEED[:VARIANT],...)" >&2; exit 2; }
   gpus+=("${lane%%=*}")
+  IFS=, read -ra specs <<< "${lane#*=}"
+  for spec in "${specs[@]}"; do
+    IFS=: read -r _ _ variant <<< "$spec"
+    [ -z "$variant" ] || [ -n "$(printenv "VARIANT_$variant")" ] \
+      || { echo "error: lane '$lane': row $spec needs its overrides in VARIANT_$variant" >&2; exit 2; }
+  done
 done
 
 # The teacher trains on the first lane's GPU while the rows that need none (ppo, grpo) already run;
@@ -64,19 +73,25 @@ wait_for_teacher() {  # 0 once the teacher is trained; 1 if it failed or the dea
   [ "$(cat $teacher_state)" = ok ] || { log "teacher failed (out/logs/lanes-teacher.log)"; return 1; }
 }
 
-run_row() {  # GPU METHOD SEED
-  case $2 in ppo|grpo) ;; *) wait_for_teacher || { log "skip $2 s$3: no teacher"; return; } ;; esac
-  local l; l=$(left)
-  [ "$l" -gt 60 ] || { log "skip $2 s$3: $l s left"; return; }
-  log "gpu $1: $2 s$3 for up to $l s"
+run_row() {  # GPU METHOD SEED [VARIANT]
+  local row="$2${4:+-$4} s$3" extra=() tag=${TAG:-} l
+  case $2 in ppo|grpo) ;; *) wait_for_teacher || { log "skip $row: no teacher"; return; } ;; esac
+  l=$(left)
+  [ "$l" -gt 60 ] || { log "skip $row: $l s left"; return; }
+  if [ -n "${4:-}" ]; then read -ra extra <<< "$(printenv "VARIANT_$4")"; tag=${TAG:+$TAG-}$4; fi
+  log "gpu $1: $row for up to $l s"
   # shellcheck disable=SC2086 # ROW_ARGS is a list of overrides
-  CUDA_VISIBLE_DEVICES=$1 timeout --signal=TERM "$l" bash $rows row "$2" "$3" ${ROW_ARGS:-} > "out/logs/rl-$2-s$3.log" 2>&1
-  log "gpu $1: $2 s$3 ended (status $?)"
+  CUDA_VISIBLE_DEVICES=$1 TAG=$tag timeout --signal=TERM "$l" bash $rows row "$2" "$3" ${ROW_ARGS:-} "${extra[@]}" \
+    > "out/logs/rl-$2${4:+-$4}-s$3.log" 2>&1
+  log "gpu $1: $row ended (status $?)"
 }
 for lane in "$@"; do
   gpu=${lane%%=*}
   IFS=, read -ra specs <<< "${lane#*=}"
-  for spec in "${specs[@]}"; do run_row "$gpu" "${spec%%:*}" "${spec##*:}" & done
+  for spec in "${specs[@]}"; do
+    IFS=: read -r method seed variant <<< "$spec"
+    run_row "$gpu" "$method" "$seed" "$variant" &
+  done
 done
 wait
 

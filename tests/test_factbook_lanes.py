@@ -1,0 +1,66 @@
+"""bench/factbook_lanes.sh, the one-lease driver of the FactbookQA rows, against a stand-in
+bench/factbook_rows.sh that records how it was called (the real stages need a GPU)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STUB = """#!/usr/bin/env bash
+echo "$* | gpu=${CUDA_VISIBLE_DEVICES:-} tag=${TAG:-}" >> out/calls.log
+case $1 in
+  row) case $2 in kd_*) d=out/runs/kd-${2#kd_}${TAG:+-$TAG}-s$3 ;; *) d=out/runs/rl-$2${TAG:+-$TAG}-s$3 ;; esac
+       mkdir -p "$d" && echo '{}' > "$d/report.jsonl" ;;
+  reports) echo "reports of $3 $4 $5" ;;
+esac
+"""
+
+
+@pytest.fixture
+def lanes(tmp_path):
+    (tmp_path / "bench").mkdir()
+    shutil.copy(ROOT / "bench" / "factbook_lanes.sh", tmp_path / "bench")
+    (tmp_path / "bench" / "factbook_rows.sh").write_text(STUB)
+
+    def run(*lanes, **env):
+        return subprocess.run(["bash", str(tmp_path / "bench" / "factbook_lanes.sh"), "3", *lanes],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "EVAL_LAST": "0", **env})
+    return tmp_path, run
+
+
+def test_rows_run_on_their_gpus_after_the_teacher_with_their_own_variants(lanes):
+    root, run = lanes
+    r = run("0=dgpo:0,ppo:1", "1=kd_jsd:0,dgpo:1:b01", VARIANT_b01="teacher.beta=0.01 ppo.clip=0.1",
+            ROW_ARGS="eval.every=100")
+    assert r.returncode == 0, r.stderr
+    calls = (root / "out" / "calls.log").read_text().splitlines()
+    assert calls[:2] == ["start | gpu= tag=", "teacher | gpu=0 tag="]
+    assert "eval out/eval/lanes-ref.jsonl test,dev teacher kd base | gpu=0 tag=" in calls
+    rows = sorted(c for c in calls if c.startswith("row "))
+    assert rows == ["row dgpo 0 eval.every=100 | gpu=0 tag=",
+                    "row dgpo 1 eval.every=100 teacher.beta=0.01 ppo.clip=0.1 | gpu=1 tag=b01",
+                    "row kd_jsd 0 eval.every=100 | gpu=1 tag=",
+                    "row ppo 1 eval.every=100 | gpu=0 tag="]
+    (reports,) = [c for c in calls if c.startswith("reports ")]
+    assert set(reports.split(" | ")[0].split()[2:]) == {"rl-dgpo-s0", "rl-dgpo-b01-s1", "kd-jsd-s0", "rl-ppo-s1"}
+    assert (root / "out" / "logs" / "lanes.done").is_file()
+    assert (root / "out" / "logs" / "rl-dgpo-b01-s1.log").is_file()
+
+
+@pytest.mark.parametrize("lane, needle", [
+    ("0=dgpo", "bad lane '0=dgpo'"),
+    ("0=dgpo:0:Beta", "bad lane"),
+    ("0=dgpo:0:b02", "row dgpo:0:b02 needs its overrides in VARIANT_b02"),
+])
+def test_a_bad_lane_stops_before_anything_runs(lanes, lane, needle):
+    root, run = lanes
+    r = run(lane)
+    assert r.returncode == 2 and needle in r.stderr
+    assert not (root / "out" / "calls.log").exists()
