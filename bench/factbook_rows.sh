@@ -82,7 +82,7 @@ row)
   name=rl-$method$variant${TAG:+-$TAG}-s$seed
   done_run "$name" && exit 0
   common=(run.out_dir=out/runs/$name run.seed="$seed" "${start[@]}" optim.steps="$STEPS"
-          eval.every=50 eval.batch_size=150 log.save_every=25 log.progress=false ppo.micro_batch=$MICRO_BATCH
+          eval.every=50 eval.batch_size=128 log.save_every=25 log.progress=false ppo.micro_batch=$MICRO_BATCH
           data.report=out/factbookqa/test.jsonl)
   case $method in
     ppo)  "${de[@]}" train ppo --config train/configs/factbook-ppo.yaml "${common[@]}" "$@" ;;

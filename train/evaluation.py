@@ -62,7 +62,8 @@ def make_eval_fn(config: Any, tokenizer: Any) -> Callable[[Any, int], dict] | No
     use too), so that a run is evaluated on the kind of episode it trains on. The hook returns
     the `dev_*` metrics and, with data.report, the report split's row under "_report" (for
     report.jsonl; never a metric to choose by). Its `rollout` attribute is the RolloutConfig
-    it uses.
+    it uses. `evaluate(model, step, engine)`: a decoder built for `model` and kept by the caller
+    (the RL loop's, with its captured graphs) is used as it is; without one each call builds its own.
     """
     data = config.data
     if not data.dev and not data.report:
@@ -78,13 +79,14 @@ def make_eval_fn(config: Any, tokenizer: Any) -> Callable[[Any, int], dict] | No
     rollout = RolloutConfig(protocol=config.protocol, greedy=True,
                             batch_size=e.batch_size, engine=e.engine, chat_template=data.chat_template)
 
-    def evaluate(model: Any, step: int) -> dict:
+    def evaluate(model: Any, step: int, engine: Any | None = None) -> dict:
         out: dict[str, Any] = {}
         if dev:
-            result = evaluate_em(model, tokenizer, dev, retriever, rollout)
+            result = evaluate_em(model, tokenizer, dev, retriever, rollout, engine=engine)
             out.update({f"dev_{k}": v for k, v in result.items() if isinstance(v, (int, float))})
         if report:
-            out["_report"] = {"split": str(data.report), **evaluate_split(model, tokenizer, report, retriever, rollout)}
+            out["_report"] = {"split": str(data.report),
+                              **evaluate_split(model, tokenizer, report, retriever, rollout, engine=engine)}
         return out
 
     evaluate.rollout = rollout
@@ -101,7 +103,7 @@ def _questions(path: str, limit: int | None, key: str) -> list:
 
 
 def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retriever: Retriever | None,
-                   rollout: Any) -> dict:
+                   rollout: Any, engine: Any | None = None) -> dict:
     """Greedy EM of QA examples in detail: EM and F1, EM per question type and hop count (the
     examples' `type` and `hops` fields), ARC (hit ratio, search steps, invalid actions), the
     model's parameter count (as shipped: see `_params`), and the per-question EM in file order, so two
@@ -115,7 +117,7 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
 
     t0 = time.perf_counter()
     rollouts = generate_rollouts(model, tokenizer, [x.question for x in examples], [x.answers for x in examples],
-                                 retriever, replace(rollout, greedy=True))
+                                 retriever, replace(rollout, greedy=True), engine=engine)
     scores = [r.score for r in rollouts]
     arc = summarize_arc([episode_arc(r.transcript, r.golds) for r in rollouts])
     n = len(rollouts)

@@ -241,6 +241,17 @@ class RLTrainer:
         """The model rollouts are decoded with: the bf16 copy, or the actor itself."""
         return self.lm if self.rollout_copy is None else self.rollout_copy.model
 
+    def _eval_decoder(self) -> tuple[Any, Any]:
+        """The model and engine the evaluations decode with: the rollouts' own (the bf16 copy, synced
+        after every step, through the engine whose graphs are already captured) unless eval.engine
+        asks for another decoder; then the training weights, with an engine of its own per call.
+        (With an engine of its own over the fp32 weights, a FactbookQA evaluation of 300 dev and 740
+        test questions in batches of 150 took about 95 s on an H100 shared by two runs, where a
+        step's 128 rollouts took 1.2 s.)"""
+        if self.config.eval.engine in ("auto", self.config.rollout.engine):
+            return self.rollout_lm, self.engine
+        return self.lm, None
+
     def _sync_rollout_copy(self) -> None:
         if self.rollout_copy is not None:
             self.rollout_copy.sync(self.lm)
@@ -250,7 +261,7 @@ class RLTrainer:
         """The bare causal LM being trained."""
         return self.acc.unwrap_model(self.policy).lm
 
-    def eval_fn(self) -> Callable[[Any, int], dict] | None:
+    def eval_fn(self) -> Callable[..., dict] | None:
         """Greedy dev EM with this run's own episode limits (the `protocol` section its rollouts use),
         so a run is evaluated on the kind of episode it trains on (and data.report for the record);
         None without data.dev and data.report."""
@@ -566,7 +577,8 @@ class RLTrainer:
         t0 = time.perf_counter()
         self.acc.wait_for_everyone()
         if self.acc.is_main_process:
-            metrics = dict(eval_fn(self.lm, self.state.step))
+            model, engine = self._eval_decoder()
+            metrics = dict(eval_fn(model, self.state.step, engine))
             report = metrics.pop("_report", None)   # data.report: recorded, never chosen by
             logger.eval_row({"step": self.state.step, **metrics}, report)
             value = metrics.get(self.config.eval.best_metric)
