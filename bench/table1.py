@@ -7,6 +7,9 @@
 Writes `{"card", "commit", "rows": [{"method", "seed", "split", "n", "em", "em_by_type", ...}],
 "pairs": [...]}` and prints the markdown table (test split; dev beside it, since choices are
 made on dev). `--as RUN=METHOD[@SEED]` names an evaluated run; runs not named are left out.
+`--rl-step N` names every RL report row of step N (bench/report_rows.py's `rlN-METHOD-sSEED`)
+METHOD@SEED, so the step a table compares is one argument, fixed before the rows are read;
+`--as` still names the others (and wins for a row both would name).
 `--pair A:B` adds a paired bootstrap 95% interval of EM(A) - EM(B) on the same test questions
 (seed means per question when a method has several seeds), and with `--per-seed` one more
 interval for each seed the two methods share (RL rows: the same prompts and steps per seed).
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,13 +32,17 @@ KEEP = ("n", "em", "f1", "em_by_type", "em_by_hops", "hit_ratio", "search_steps"
         "invalid_action_rate", "params", "card", "commit", "model", "rl_steps", "scores")
 
 
-def load_rows(paths: list[str], names: dict[str, tuple[str, int]]) -> list[dict]:
+def load_rows(paths: list[str], names: dict[str, tuple[str, int]], rl_step: int | None = None) -> list[dict]:
     rows = []
+    at_step = re.compile(rf"rl{rl_step}-(.+)-s(\d+)") if rl_step is not None else None
     for path in paths:
         for _, raw in read_jsonl(path):
-            if raw["method"] not in names:
+            name = names.get(raw["method"])
+            if name is None and at_step and (m := at_step.fullmatch(raw["method"])):
+                name = (m.group(1), int(m.group(2)))
+            if name is None:
                 continue
-            method, seed = names[raw["method"]]
+            method, seed = name
             rows.append({"method": method, "seed": seed, "split": raw["split"], "run": raw["method"],
                          **{k: raw[k] for k in KEEP if k in raw}})
     return rows
@@ -93,6 +101,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("rows", nargs="+")
     p.add_argument("--as", dest="names", action="append", default=[], metavar="RUN=METHOD[@SEED]")
+    p.add_argument("--rl-step", type=int, help="name the RL report rows of this step by method and seed")
     p.add_argument("--pair", action="append", default=[], metavar="A:B")
     p.add_argument("--per-seed", action="store_true", help="also a paired interval per shared seed")
     p.add_argument("--out", required=True)
@@ -102,7 +111,7 @@ def main() -> None:
         run, _, method = spec.partition("=")
         method, _, seed = method.partition("@")
         names[run] = (method, int(seed or 0))
-    rows = load_rows(args.rows, names)
+    rows = load_rows(args.rows, names, args.rl_step)
     pairs = []
     for spec in args.pair:
         a, _, b = spec.partition(":")
