@@ -23,7 +23,7 @@
 # Once the teacher is trained, the references (teacher, KD start, pruned base) are evaluated on the
 # test and dev splits on the first lane's GPU, beside its rows: out/eval/lanes-ref.jsonl.
 # START, TAG, STEPS and MICRO_BATCH pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
-# to every row (e.g. "optim.lr=1e-4"); LIMIT evaluates only the first N test questions; EVAL_LAST=0
+# to every RL row (e.g. "optim.lr=1e-4"), KD_ARGS to every KD-loss row; LIMIT evaluates only the first N test questions; EVAL_LAST=0
 # skips the last-checkpoint evaluations after the deadline (the runs' reports hold test EM already).
 # Logs: out/logs/lanes-*.log and out/logs/rl-*.log; out/logs/lanes.done once everything has ended.
 set -uo pipefail
@@ -37,12 +37,17 @@ rows=bench/factbook_rows.sh
 mkdir -p out/logs out/eval
 gpus=()
 spec_re='[a-z_]+:[0-9]+(:[a-z0-9_]+)?'
-for lane in "$@"; do
+methods=" ppo dgpo grpo dgpo_all_rollouts dgpo_no_cold_start kd_forward_kl kd_reverse_kl kd_jsd kd_seqkd "
+seen=" "
+for lane in "$@"; do   # every row checked before anything runs
   [[ $lane =~ ^[0-9]+=$spec_re(,$spec_re)*$ ]] || { echo "error: bad lane '$lane' (GPU=METHOD:SEED[:VARIANT],...)" >&2; exit 2; }
   gpus+=("${lane%%=*}")
   IFS=, read -ra specs <<< "${lane#*=}"
   for spec in "${specs[@]}"; do
-    IFS=: read -r _ _ variant <<< "$spec"
+    IFS=: read -r method _ variant <<< "$spec"
+    [[ $methods == *" $method "* ]] || { echo "error: lane '$lane': unknown method $method (one of:$methods)" >&2; exit 2; }
+    [[ $seen != *" $spec "* ]] || { echo "error: row $spec is given twice (both would train one run folder)" >&2; exit 2; }
+    seen+="$spec "
     [ -z "$variant" ] || [ -n "$(printenv "VARIANT_$variant")" ] \
       || { echo "error: lane '$lane': row $spec needs its overrides in VARIANT_$variant" >&2; exit 2; }
   done
@@ -58,9 +63,10 @@ if [ "${SKIP_PREP:-0}" != 1 ]; then
   ( if CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$(left)" bash $rows teacher > out/logs/lanes-teacher.log 2>&1; then
       echo ok; else echo failed; fi \
       > $teacher_state
-    if [ "$(cat $teacher_state)" = ok ]; then
+    l=$(left)
+    if [ "$(cat $teacher_state)" = ok ] && [ "$l" -gt 60 ]; then
       log "evaluating the references"
-      CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$(left)" bash $rows eval out/eval/lanes-ref.jsonl test,dev teacher kd base \
+      CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$l" bash $rows eval out/eval/lanes-ref.jsonl test,dev teacher kd base \
         > out/logs/lanes-ref.log 2>&1
       log "references evaluated (status $?)"
     fi ) &
@@ -74,15 +80,16 @@ wait_for_teacher() {  # 0 once the teacher is trained; 1 if it failed or the dea
 }
 
 run_row() {  # GPU METHOD SEED [VARIANT]
-  local row="$2${4:+-$4} s$3" extra=() tag=${TAG:-} l
+  local row="$2${4:+-$4} s$3" extra=() tag=${TAG:-} l args
   case $2 in ppo|grpo) ;; *) wait_for_teacher || { log "skip $row: no teacher"; return; } ;; esac
   l=$(left)
   [ "$l" -gt 60 ] || { log "skip $row: $l s left"; return; }
   if [ -n "${4:-}" ]; then read -ra extra <<< "$(printenv "VARIANT_$4")"; tag=${TAG:+$TAG-}$4; fi
+  case $2 in kd_*) args=${KD_ARGS:-} ;; *) args=${ROW_ARGS:-} ;; esac   # the two trainers take other keys
   log "gpu $1: $row for up to $l s"
-  # shellcheck disable=SC2086 # ROW_ARGS is a list of overrides
-  CUDA_VISIBLE_DEVICES=$1 TAG=$tag timeout --signal=TERM "$l" bash $rows row "$2" "$3" ${ROW_ARGS:-} "${extra[@]}" \
-    > "out/logs/rl-$2${4:+-$4}-s$3.log" 2>&1
+  # shellcheck disable=SC2086 # args is a list of overrides
+  CUDA_VISIBLE_DEVICES=$1 TAG=$tag timeout --signal=TERM "$l" bash $rows row "$2" "$3" $args "${extra[@]}" \
+    > "out/logs/rl-$2${tag:+-$tag}-s$3.log" 2>&1
   log "gpu $1: $row ended (status $?)"
 }
 for lane in "$@"; do

@@ -48,14 +48,18 @@ kd_row() {  # METHOD SEED [k=v]: one KD-loss row of Table 1
   local name=kd-$loss${TAG:+-$TAG}-s$seed
   done_run "$name" && return 0
   if [ "$loss" = seqkd ]; then  # cross-entropy on the teacher's own correct trajectories
-    train=out/tgo/factbook-teacher.jsonl; mkdir -p out/tgo
-    [ -f out/tgo/factbook-teacher.done ] || { "${de[@]}" train tgo --teacher $TEACHER --data out/factbookqa/train.jsonl \
-      --index out/factbookqa/corpus.jsonl --out $train --n 1 --batch-size 512 --max-turn-tokens 128 \
-      && touch out/tgo/factbook-teacher.done; }
+    # named after the teacher's weights; one writer at a time (two seqkd rows may start together)
+    train=out/tgo/factbook-$(sha256sum "$TEACHER/model.safetensors" | cut -c1-12).jsonl; mkdir -p out/tgo
+    ( flock 9
+      [ -f "$train.done" ] || { "${de[@]}" train tgo --teacher "$TEACHER" --data out/factbookqa/train.jsonl \
+        --index out/factbookqa/corpus.jsonl --out "$train" --n 1 --batch-size 512 --max-turn-tokens 128 \
+        && touch "$train.done"; } ) 9> out/tgo/lock
+    [ -f "$train.done" ] || { echo "error: no teacher trajectories for $name" >&2; return 1; }
   fi
+  # checkpoints every 50 steps, so a row cut by a lease resumes; evaluations in batches of 128
   "${de[@]}" train kd --config train/configs/factbook-kd.yaml run.out_dir=out/runs/$name run.seed="$seed" \
-    kd.loss="$loss" kd.teacher=$TEACHER data.train=$train data.report=out/factbookqa/test.jsonl \
-    eval.at_start=false log.progress=false "$@"
+    kd.loss="$loss" kd.teacher=$TEACHER data.train="$train" data.report=out/factbookqa/test.jsonl \
+    eval.at_start=false eval.batch_size=128 log.save_every=50 log.progress=false "$@"
 }
 checkpoint() { case $1 in kd) echo $KD ;; teacher) echo $TEACHER ;; base) echo $BASE ;; *) echo "out/runs/$1/checkpoints/last" ;; esac; }
 stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|eval|reports|pack|unpack ...}; shift

@@ -38,7 +38,7 @@ def lanes(tmp_path):
 def test_rows_run_on_their_gpus_after_the_teacher_with_their_own_variants(lanes):
     root, run = lanes
     r = run("0=dgpo:0,ppo:1", "1=kd_jsd:0,dgpo:1:b01", VARIANT_b01="teacher.beta=0.01 ppo.clip=0.1",
-            ROW_ARGS="eval.every=100")
+            ROW_ARGS="eval.every=100", KD_ARGS="optim.lr=5e-4")
     assert r.returncode == 0, r.stderr
     calls = (root / "out" / "calls.log").read_text().splitlines()
     assert calls[:2] == ["start | gpu= tag=", "teacher | gpu=0 tag="]
@@ -46,7 +46,7 @@ def test_rows_run_on_their_gpus_after_the_teacher_with_their_own_variants(lanes)
     rows = sorted(c for c in calls if c.startswith("row "))
     assert rows == ["row dgpo 0 eval.every=100 | gpu=0 tag=",
                     "row dgpo 1 eval.every=100 teacher.beta=0.01 ppo.clip=0.1 | gpu=1 tag=b01",
-                    "row kd_jsd 0 eval.every=100 | gpu=1 tag=",
+                    "row kd_jsd 0 optim.lr=5e-4 | gpu=1 tag=",   # KD rows take KD_ARGS, not the RL rows' ROW_ARGS
                     "row ppo 1 eval.every=100 | gpu=0 tag="]
     (reports,) = [c for c in calls if c.startswith("reports ")]
     assert set(reports.split(" | ")[0].split()[2:]) == {"rl-dgpo-s0", "rl-dgpo-b01-s1", "kd-jsd-s0", "rl-ppo-s1"}
@@ -58,9 +58,15 @@ def test_rows_run_on_their_gpus_after_the_teacher_with_their_own_variants(lanes)
     ("0=dgpo", "bad lane '0=dgpo'"),
     ("0=dgpo:0:Beta", "bad lane"),
     ("0=dgpo:0:b02", "row dgpo:0:b02 needs its overrides in VARIANT_b02"),
+    ("0=dpgo:0", "unknown method dpgo"),
+    ("0=dgpo:0,ppo:0 1=dgpo:0", None),
 ])
 def test_a_bad_lane_stops_before_anything_runs(lanes, lane, needle):
     root, run = lanes
-    r = run(lane)
+    if needle is None:   # the same row in two lanes would train one run folder twice
+        lane, needle = lane.split(), "row dgpo:0 is given twice"
+        r = run(*lane)
+    else:
+        r = run(lane)
     assert r.returncode == 2 and needle in r.stderr
     assert not (root / "out" / "calls.log").exists()

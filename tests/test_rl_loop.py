@@ -496,6 +496,7 @@ def test_the_report_split_is_recorded_at_every_evaluation_and_never_chosen_by(to
     from dgpo_edge.train.models import load_lm
     actor, _ = load_lm(str(out / "checkpoints" / "last"))
     assert {r["params"] for r in report} == {sum(p.numel() for p in actor.parameters())}
+    assert {r["dtype"] for r in report} == {"float32"}   # on a CPU the rollouts decode the training weights
     with open(out / "eval.csv", newline="") as f:
         header = next(csv.reader(f))
     assert all(k == "step" or k.startswith("dev_") for k in header)

@@ -106,8 +106,8 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
                    rollout: Any, engine: Any | None = None) -> dict:
     """Greedy EM of QA examples in detail: EM and F1, EM per question type and hop count (the
     examples' `type` and `hops` fields), ARC (hit ratio, search steps, invalid actions), the
-    model's parameter count (as shipped: see `_params`), and the per-question EM in file order, so two
-    evaluations can be compared question by question."""
+    model's parameter count (as shipped: see `_params`) and weight dtype, and the per-question EM in
+    file order, so two evaluations can be compared question by question."""
     from dataclasses import replace
 
     from dgpo_edge.arc import episode_arc, summarize_arc
@@ -123,6 +123,8 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
     n = len(rollouts)
     return {
         "n": n, "em": sum(scores) / n, "params": _params(model),
+        # the weights decoded: an RL run's evaluations read its bf16 copy on a GPU (greedy ties can differ)
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "f1": sum(f1_score(r.answer, r.golds) for r in rollouts) / n,
         "em_by_type": _by_group([x.meta.get("type", "?") for x in examples], scores),
         "em_by_hops": _by_group([x.meta.get("hops", "?") for x in examples], scores),
