@@ -85,12 +85,13 @@ def _time_blocks(tokenizer, results: list, times: dict) -> None:
     batch calls, as RL rollouts do), and again from that memory (an RL run's next epoch)."""
     from dgpo_edge import protocol
     from dgpo_edge.train.rollout import observation_blocks
+    from dgpo_edge.transcript import encoder_for
 
     batched = observation_blocks(tokenizer)
     if batched.encode_many is None:
         raise SystemExit("error: this tokenizer has no batch encoder that counts as the episodes do")
     alone = protocol.InformationBlocks(batched.count_tokens)
-    plain = encoder_for_blocks(tokenizer)
+    plain = encoder_for(tokenizer).plain
     built = []
     for name in ("blocks_fresh", "blocks_fresh_batched", "blocks_remembered"):
         t0 = time.perf_counter()
@@ -104,12 +105,6 @@ def _time_blocks(tokenizer, results: list, times: dict) -> None:
         built.append((texts, ids))
     assert built[0] == built[1] == built[2]
     assert built[0][0] == [protocol.information_block(p, 500, batched.count_tokens) for p in results]
-
-
-def encoder_for_blocks(tokenizer):
-    from dgpo_edge.transcript import encoder_for
-
-    return encoder_for(tokenizer).plain
 
 
 if __name__ == "__main__":

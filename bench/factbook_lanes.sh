@@ -39,12 +39,14 @@ gpus=()
 spec_re='[a-z_]+:[0-9]+(:[a-z0-9_]+)?'
 methods=" ppo dgpo grpo dgpo_all_rollouts dgpo_no_cold_start kd_forward_kl kd_reverse_kl kd_jsd kd_seqkd "
 seen=" "
-for lane in "$@"; do   # every row checked before anything runs
+rows_todo=()   # "GPU METHOD SEED [VARIANT]", every row checked before anything runs
+for lane in "$@"; do
   [[ $lane =~ ^[0-9]+=$spec_re(,$spec_re)*$ ]] || { echo "error: bad lane '$lane' (GPU=METHOD:SEED[:VARIANT],...)" >&2; exit 2; }
   gpus+=("${lane%%=*}")
   IFS=, read -ra specs <<< "${lane#*=}"
   for spec in "${specs[@]}"; do
-    IFS=: read -r method _ variant <<< "$spec"
+    IFS=: read -r method seed variant <<< "$spec"
+    rows_todo+=("${lane%%=*} $method $seed $variant")
     [[ $methods == *" $method "* ]] || { echo "error: lane '$lane': unknown method $method (one of:$methods)" >&2; exit 2; }
     [[ $seen != *" $spec "* ]] || { echo "error: row $spec is given twice (both would train one run folder)" >&2; exit 2; }
     seen+="$spec "
@@ -92,13 +94,9 @@ run_row() {  # GPU METHOD SEED [VARIANT]
     > "out/logs/rl-$2${tag:+-$tag}-s$3.log" 2>&1
   log "gpu $1: $row ended (status $?)"
 }
-for lane in "$@"; do
-  gpu=${lane%%=*}
-  IFS=, read -ra specs <<< "${lane#*=}"
-  for spec in "${specs[@]}"; do
-    IFS=: read -r method seed variant <<< "$spec"
-    run_row "$gpu" "$method" "$seed" "$variant" &
-  done
+for todo in "${rows_todo[@]}"; do
+  read -r gpu method seed variant <<< "$todo"
+  run_row "$gpu" "$method" "$seed" "$variant" &
 done
 wait
 

@@ -55,7 +55,7 @@ def open_retriever(spec: str) -> Retriever:
     raise InputError("expected an index directory or a corpus .jsonl", path)
 
 
-def make_eval_fn(config: Any, tokenizer: Any) -> Callable[[Any, int], dict] | None:
+def make_eval_fn(config: Any, tokenizer: Any) -> Callable[..., dict] | None:
     """The trainers' evaluation hook, or None without data.dev and data.report.
 
     The episodes have the run's own limits (`config.protocol`, the section an RL run's rollouts
@@ -108,16 +108,13 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
     examples' `type` and `hops` fields), ARC (hit ratio, search steps, invalid actions), the
     model's parameter count (as shipped: see `_params`) and weight dtype, and the per-question EM in
     file order, so two evaluations can be compared question by question."""
-    from dataclasses import replace
-
     from dgpo_edge.arc import episode_arc, summarize_arc
     from dgpo_edge.metrics import f1_score
 
-    from .rollout import generate_rollouts
+    from .rollout import greedy_rollouts
 
     t0 = time.perf_counter()
-    rollouts = generate_rollouts(model, tokenizer, [x.question for x in examples], [x.answers for x in examples],
-                                 retriever, replace(rollout, greedy=True), engine=engine)
+    rollouts = greedy_rollouts(model, tokenizer, examples, retriever, rollout, engine)
     scores = [r.score for r in rollouts]
     arc = summarize_arc([episode_arc(r.transcript, r.golds) for r in rollouts])
     n = len(rollouts)

@@ -263,19 +263,22 @@ def _question_and_golds(example: Any) -> tuple[str, tuple[str, ...]]:
     return example.question, tuple(example.answers)
 
 
-def evaluate_em(model: Any, tokenizer: Any, examples: Iterable[Any], retriever: Retriever | None,
-                config: RolloutConfig = RolloutConfig(), engine: Any | None = None) -> dict:
-    """Greedy rollouts over `examples`; mean EM, F1, cover-EM, searches, invalid turns.
-
-    Always greedy, whatever `config.greedy` says (the public DGPO harness meant
-    to be greedy here and sampled instead; docs/architecture.md#dgpo-as-implemented-here).
-    """
+def greedy_rollouts(model: Any, tokenizer: Any, examples: Iterable[Any], retriever: Retriever | None,
+                    config: RolloutConfig = RolloutConfig(), engine: Any | None = None) -> list[Rollout]:
+    """One scored episode per example, for evaluation: always greedy, whatever `config.greedy`
+    says (the public DGPO harness meant to be greedy here and sampled instead;
+    docs/architecture.md#dgpo-as-implemented-here)."""
     pairs = [_question_and_golds(x) for x in examples]
     if not pairs:
         raise ValueError("no examples to evaluate")
-    greedy = replace(config, greedy=True)
-    rollouts = generate_rollouts(model, tokenizer, [q for q, _ in pairs], [g for _, g in pairs],
-                                 retriever, greedy, engine=engine)
+    return generate_rollouts(model, tokenizer, [q for q, _ in pairs], [g for _, g in pairs],
+                             retriever, replace(config, greedy=True), engine=engine)
+
+
+def evaluate_em(model: Any, tokenizer: Any, examples: Iterable[Any], retriever: Retriever | None,
+                config: RolloutConfig = RolloutConfig(), engine: Any | None = None) -> dict:
+    """Greedy rollouts over `examples` (`greedy_rollouts`); mean EM, F1, cover-EM, searches, invalid turns."""
+    rollouts = greedy_rollouts(model, tokenizer, examples, retriever, config, engine)
     n = len(rollouts)
     mean = lambda xs: sum(xs) / n  # noqa: E731
     return {
