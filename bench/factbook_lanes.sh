@@ -7,7 +7,8 @@
 #
 # A LANE is GPU=METHOD:SEED[:VARIANT][,...]: the rows of a lane run at once on that GPU (small
 # students leave most of a card idle; four FactbookQA runs on one H200 gave 2.1x the steps of
-# one). A VARIANT names overrides given in the environment, VARIANT_<name>, for that row alone, and
+# one). Rows joined by + run one after another instead (kd_jsd:0+kd_reverse_kl:0: rows too large
+# to share a card with each other). A VARIANT names overrides given in the environment, VARIANT_<name>, for that row alone, and
 # tags its run (bench/factbook_rows.sh's TAG): with VARIANT_b01="teacher.beta=0.01", dgpo:0:b01
 # trains out/runs/rl-dgpo-b01-s0. MINUTES counts from now; every row is stopped then (each resumes from its last checkpoint
 # if the command is run again on the same machine), and every run with a checkpoint is evaluated
@@ -20,8 +21,9 @@
 # end before the final evaluations.
 # First, unless SKIP_PREP=1: `start`, then `teacher` on the first lane's GPU, beside the PPO and GRPO
 # rows (the teacher-free ones start at once; DGPO and its ablations wait for the teacher).
-# Once the teacher is trained, the references (teacher, KD start, pruned base) are evaluated on the
-# test and dev splits on the first lane's GPU, beside its rows: out/eval/lanes-ref.jsonl.
+# Once the teacher is trained, the references (REFS, default "teacher kd base": the teacher, the KD
+# start, the pruned base; REFS="" skips them) are evaluated on the test and dev splits on the first
+# lane's GPU, beside its rows: out/eval/lanes-ref.jsonl.
 # START, TAG, STEPS and MICRO_BATCH pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
 # to every RL row (e.g. "optim.lr=1e-4"), KD_ARGS to every KD-loss row; LIMIT evaluates only the first N test questions; EVAL_LAST=0
 # skips the last-checkpoint evaluations after the deadline (the runs' reports hold test EM already).
@@ -39,14 +41,16 @@ gpus=()
 spec_re='[a-z_]+:[0-9]+(:[a-z0-9_]+)?'
 methods=" ppo dgpo grpo dgpo_all_rollouts dgpo_no_cold_start kd_forward_kl kd_reverse_kl kd_jsd kd_seqkd "
 seen=" "
-rows_todo=()   # "GPU METHOD SEED [VARIANT]", every row checked before anything runs
+chain_re="$spec_re(\\+$spec_re)*"
+chains=()   # "GPU SPEC[+SPEC...]", every row checked before anything runs
 for lane in "$@"; do
-  [[ $lane =~ ^[0-9]+=$spec_re(,$spec_re)*$ ]] || { echo "error: bad lane '$lane' (GPU=METHOD:SEED[:VARIANT],...)" >&2; exit 2; }
+  [[ $lane =~ ^[0-9]+=$chain_re(,$chain_re)*$ ]] || { echo "error: bad lane '$lane' (GPU=METHOD:SEED[:VARIANT][+...],...)" >&2; exit 2; }
   gpus+=("${lane%%=*}")
-  IFS=, read -ra specs <<< "${lane#*=}"
+  IFS=, read -ra lane_chains <<< "${lane#*=}"
+  for chain in "${lane_chains[@]}"; do chains+=("${lane%%=*} $chain"); done
+  IFS=,+ read -ra specs <<< "${lane#*=}"
   for spec in "${specs[@]}"; do
     IFS=: read -r method seed variant <<< "$spec"
-    rows_todo+=("${lane%%=*} $method $seed $variant")
     [[ $methods == *" $method "* ]] || { echo "error: lane '$lane': unknown method $method (one of:$methods)" >&2; exit 2; }
     [[ $seen != *" $spec "* ]] || { echo "error: row $spec is given twice (both would train one run folder)" >&2; exit 2; }
     seen+="$spec "
@@ -66,9 +70,11 @@ if [ "${SKIP_PREP:-0}" != 1 ]; then
       echo ok; else echo failed; fi \
       > $teacher_state
     l=$(left)
-    if [ "$(cat $teacher_state)" = ok ] && [ "$l" -gt 60 ]; then
+    refs=${REFS-teacher kd base}
+    if [ "$(cat $teacher_state)" = ok ] && [ "$l" -gt 60 ] && [ -n "$refs" ]; then
       log "evaluating the references"
-      CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$l" bash $rows eval out/eval/lanes-ref.jsonl test,dev teacher kd base \
+      # shellcheck disable=SC2086 # REFS is a list of names
+      CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$l" bash $rows eval out/eval/lanes-ref.jsonl test,dev $refs \
         > out/logs/lanes-ref.log 2>&1
       log "references evaluated (status $?)"
     fi ) &
@@ -94,9 +100,10 @@ run_row() {  # GPU METHOD SEED [VARIANT]
     > "out/logs/rl-$2${tag:+-$tag}-s$3.log" 2>&1
   log "gpu $1: $row ended (status $?)"
 }
-for todo in "${rows_todo[@]}"; do
-  read -r gpu method seed variant <<< "$todo"
-  run_row "$gpu" "$method" "$seed" "$variant" &
+for todo in "${chains[@]}"; do
+  read -r gpu chain <<< "$todo"
+  IFS=+ read -ra specs <<< "$chain"
+  ( for spec in "${specs[@]}"; do IFS=: read -r method seed variant <<< "$spec"; run_row "$gpu" "$method" "$seed" "$variant"; done ) &
 done
 wait
 

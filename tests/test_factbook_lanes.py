@@ -54,7 +54,30 @@ def test_rows_run_on_their_gpus_after_the_teacher_with_their_own_variants(lanes)
     assert (root / "out" / "logs" / "rl-dgpo-b01-s1.log").is_file()
 
 
+def test_rows_joined_by_plus_run_one_after_another(lanes):
+    root, run = lanes
+    stub = (root / "bench" / "factbook_rows.sh").read_text()
+    # each row records its start and end, and lasts long enough for a parallel start to show
+    stub = stub.replace('  row) ', '  row) echo "begin $2" >> out/order.log; sleep 1; echo "end $2" >> out/order.log\n       ', 1)
+    (root / "bench" / "factbook_rows.sh").write_text(stub)
+    r = run("0=kd_jsd:0+kd_seqkd:0+kd_reverse_kl:0", REFS="teacher")
+    assert r.returncode == 0, r.stderr
+    order = (root / "out" / "order.log").read_text().split("\n")
+    assert order[:6] == ["begin kd_jsd", "end kd_jsd", "begin kd_seqkd", "end kd_seqkd",
+                         "begin kd_reverse_kl", "end kd_reverse_kl"]
+    calls = (root / "out" / "calls.log").read_text().splitlines()
+    assert "eval out/eval/lanes-ref.jsonl test,dev teacher | gpu=0 tag=" in calls   # REFS chose the references
+
+
+def test_no_references_with_empty_refs(lanes):
+    root, run = lanes
+    assert run("0=dgpo:0", REFS="").returncode == 0
+    assert not [c for c in (root / "out" / "calls.log").read_text().splitlines() if c.startswith("eval ")]
+
+
 @pytest.mark.parametrize("lane, needle", [
+    ("0=dgpo:0+", "bad lane"),
+    ("0=dgpo:0+dgpo:0", "row dgpo:0 is given twice"),
     ("0=dgpo", "bad lane '0=dgpo'"),
     ("0=dgpo:0:Beta", "bad lane"),
     ("0=dgpo:0:b02", "row dgpo:0:b02 needs its overrides in VARIANT_b02"),
