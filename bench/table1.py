@@ -14,6 +14,9 @@ METHOD@SEED, so the step a table compares is one argument, fixed before the rows
 (seed means per question when a method has several seeds), and with `--per-seed` one more
 interval for each seed the two methods share (RL rows: the same prompts and steps per seed).
 A row's `rl_steps` (the RL steps of the evaluated checkpoint) is kept and shown.
+A rows file given as `LABEL=PATH` (the rows of another lease, say) has its run names read as
+`LABEL/RUN`: `--rl-step` leaves them alone, so they join the table only by `--as LABEL/RUN=...`
+and never collide with a run of the same name in another file.
 """
 
 from __future__ import annotations
@@ -35,15 +38,17 @@ KEEP = ("n", "em", "f1", "em_by_type", "em_by_hops", "hit_ratio", "search_steps"
 def load_rows(paths: list[str], names: dict[str, tuple[str, int]], rl_step: int | None = None) -> list[dict]:
     rows = []
     at_step = re.compile(rf"rl{rl_step}-(.+)-s(\d+)") if rl_step is not None else None
-    for path in paths:
+    for spec in paths:
+        label, _, path = spec.rpartition("=")
         for _, raw in read_jsonl(path):
-            name = names.get(raw["method"])
-            if name is None and at_step and (m := at_step.fullmatch(raw["method"])):
+            run = f"{label}/{raw['method']}" if label else raw["method"]
+            name = names.get(run)
+            if name is None and at_step and (m := at_step.fullmatch(run)):
                 name = (m.group(1), int(m.group(2)))
             if name is None:
                 continue
             method, seed = name
-            rows.append({"method": method, "seed": seed, "split": raw["split"], "run": raw["method"],
+            rows.append({"method": method, "seed": seed, "split": raw["split"], "run": run,
                          **{k: raw[k] for k in KEEP if k in raw}})
     return rows
 
@@ -99,7 +104,7 @@ def sd(xs: list[float]) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("rows", nargs="+")
+    p.add_argument("rows", nargs="+", metavar="[LABEL=]ROWS.jsonl")
     p.add_argument("--as", dest="names", action="append", default=[], metavar="RUN=METHOD[@SEED]")
     p.add_argument("--rl-step", type=int, help="name the RL report rows of this step by method and seed")
     p.add_argument("--pair", action="append", default=[], metavar="A:B")

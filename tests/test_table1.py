@@ -67,3 +67,14 @@ def test_rl_step_names_report_rows_and_seeds_average_per_question(tmp_path):
     line = next(x for x in r.stdout.splitlines() if x.startswith("| dgpo |"))
     assert "| 3 | 150/150/150 | 81.4M | – | 0.667 ± 0.289 |" in line   # EM 0.5, 0.5, 1.0; no dev rows
     assert "dgpo - ppo on test: +0.417" in r.stdout
+
+
+def test_a_labelled_file_joins_only_by_name(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps(row("rl150-dgpo-s0", "test", [1, 0], rl_steps=150)) + "\n")
+    b.write_text(json.dumps(row("rl150-dgpo-s0", "test", [0, 0], rl_steps=150)) + "\n"
+                 + json.dumps(row("rl200-dgpo-s0", "test", [1, 1], rl_steps=200)) + "\n")
+    loaded = table1.load_rows([str(a), f"lease2={b}"], {"lease2/rl200-dgpo-s0": ("dgpo_200", 0)}, rl_step=150)
+    # the labelled file's step-150 row is not taken for dgpo seed 0, which the other file holds
+    assert sorted((r["method"], r["run"], r["em"]) for r in loaded) == [
+        ("dgpo", "rl150-dgpo-s0", 0.5), ("dgpo_200", "lease2/rl200-dgpo-s0", 1.0)]
