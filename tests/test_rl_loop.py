@@ -288,15 +288,17 @@ def test_rollouts_from_the_bf16_copy_keep_the_ratio_exact(toy, tmp_path, lora):
     assert any(not torch.equal(v.cpu(), load_student(toy)[k].to(torch.bfloat16)) for k, v in got.items())  # and trained
 
 
-@pytest.mark.parametrize("eval_engine", ["auto", "plain"])
-def test_evaluations_decode_with_the_rollouts_copy_and_engine(toy, tmp_path, eval_engine):
+@pytest.mark.parametrize("eval_engine, eval_weights", [("auto", "auto"), ("plain", "auto"), ("auto", "training")])
+def test_evaluations_decode_with_the_rollouts_copy_and_engine(toy, tmp_path, eval_engine, eval_weights):
     # The run's engine (graphs captured, over the bf16 copy synced after each step) serves the
-    # evaluations too, unless eval.engine asks for another decoder than the rollouts use.
+    # evaluations too, unless eval.engine asks for another decoder than the rollouts use or
+    # eval.weights for the training weights.
     from dgpo_edge.train.rl.loop import RLTrainer
 
     cfg = load_rl_config("ppo", write_rl_config(toy, tmp_path / "run", teacher={"path": ""},
                                                 rollout={"weights": "bf16_copy", "engine": "fast"},
-                                                eval={"every": 1, "at_start": True, "engine": eval_engine},
+                                                eval={"every": 1, "at_start": True, "engine": eval_engine,
+                                                      "weights": eval_weights},
                                                 optim={"steps": 2, "lr": 1e-3}))
     trainer = RLTrainer(cfg)
     calls = []
@@ -307,12 +309,13 @@ def test_evaluations_decode_with_the_rollouts_copy_and_engine(toy, tmp_path, eva
     trainer.eval_fn = lambda: spy
     trainer.train()
     assert [c[0] for c in calls] == [0, 1, 2]
+    on_copy = eval_engine == "auto" and eval_weights == "auto"
     for _, model, engine, weights in calls:
-        if eval_engine == "auto":
+        if on_copy:
             assert model is trainer.rollout_copy.model and engine is trainer.engine
         else:
             assert model is trainer.lm and engine is None
-    if eval_engine == "auto":   # each evaluation saw the weights of its step, in bf16
+    if on_copy:   # each evaluation saw the weights of its step, in bf16
         assert any(not torch.equal(calls[0][3][k], calls[2][3][k]) for k in calls[0][3])
         final = trainer.lm.state_dict()
         assert all(torch.equal(v, final[k].to(torch.bfloat16)) for k, v in calls[2][3].items())

@@ -159,10 +159,10 @@ def test_kd_refuses_a_teacher_with_another_vocabulary(toy, tmp_path):
         _kd(config)
 
 
-def _two_steps_evaluated(toy, tmp_path, data: dict, evaluation: dict):
+def _two_steps_evaluated(toy, tmp_path, data: dict, evaluation: dict, **optim):
     """An SFT config of 2 steps with greedy evaluations over the toy corpus (8-token turns)."""
     return write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
-                        optim={"max_steps": 2, "batch_size": 2}, data={**data, "retriever": str(toy["corpus"])},
+                        optim={"max_steps": 2, "batch_size": 2, **optim}, data={**data, "retriever": str(toy["corpus"])},
                         eval={**evaluation, "engine": "plain"}, protocol={"max_turn_tokens": 8})
 
 
@@ -178,6 +178,38 @@ def test_dev_em_hook_keeps_best_and_last(toy, tmp_path):
     best = tmp_path / "run" / "checkpoints" / "best"
     assert json.loads((best / "dgpo_edge.json").read_text())["step"] == 0
     assert (best / "model.safetensors").is_file() and (best / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("weights", ["bf16_copy", "training"])
+def test_evaluations_decode_a_bf16_copy_refreshed_at_each(toy, tmp_path, monkeypatch, weights):
+    # eval.weights=bf16_copy (auto on a GPU in bf16): every evaluation decodes one bf16 copy of the
+    # weights, synced to that step's, through one engine kept for the run; training: the weights
+    # being trained, with an engine per call (None here: evaluate_em builds its own).
+    import torch
+
+    from dgpo_edge.train import rollout
+
+    calls, real = [], rollout.evaluate_em
+
+    def spy(model, tokenizer, examples, retriever, config, engine=None):
+        calls.append((model, engine, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+        return real(model, tokenizer, examples, retriever, config, engine=engine)
+    monkeypatch.setattr(rollout, "evaluate_em", spy)
+    config = _two_steps_evaluated(toy, tmp_path, {"dev": str(toy["dev"])},
+                                  {"every": 1, "at_start": True, "weights": weights}, lr=2e-2)
+    _sft(config)
+    assert len(calls) == 3   # steps 0, 1, 2
+    models = {id(m) for m, _, _ in calls}
+    dtypes = {next(m.parameters()).dtype for m, _, _ in calls}
+    if weights == "training":
+        assert dtypes == {torch.float32} and all(e is None for _, e, _ in calls)
+        return
+    assert len(models) == 1 and dtypes == {torch.bfloat16}
+    assert calls[0][1] is not None and all(e is calls[0][1] for _, e, _ in calls)   # one engine
+    first, last = calls[0][2], calls[-1][2]
+    assert any(not torch.equal(first[k], last[k]) for k in first)   # each saw its own step's weights
+    trained = _weights(tmp_path / "run" / "checkpoints" / "last")
+    assert all(torch.equal(last[k], trained[k].to(torch.bfloat16)) for k in trained)
 
 
 def test_sft_records_the_report_split_without_dev(toy, tmp_path):

@@ -95,6 +95,10 @@ class EvalSection:
     at_start: bool = False       # also evaluate before the first step (the "before" number)
     batch_size: int = 32         # rollouts generated together
     engine: DecoderChoice = "auto"  # rollout decoder: auto | fast (static cache, CUDA graphs) | plain
+    # What the evaluations decode: a bf16 copy of the weights (LoRA merged) refreshed at each
+    # evaluation, through one engine kept for the run, or the training weights themselves (an engine
+    # per evaluation); auto = the copy for bf16 runs on a GPU. An RL run's copy is its rollouts'.
+    weights: Literal["auto", "bf16_copy", "training"] = "auto"
     best_metric: str = "dev_em"  # checkpoints/best keeps the highest value of this metric
 
 
