@@ -226,6 +226,29 @@ def _swap_in(tmp: Path, dest: Path) -> None:
 
 # --- metric sinks ---------------------------------------------------------------------------
 
+def evaluate_and_keep_best(acc: Any, state: Any, evaluate: Callable[[], dict], logger: Any,
+                           best_metric: str, save_best: Callable[[dict], None]) -> dict:
+    """One evaluation, as both trainers run it: the hook on the main process (the others wait),
+    its row logged (a data.report row beside it, recorded and never chosen by), `save_best(metrics)`
+    when `best_metric` beats `state.best`, and the time added to `state.eval_s`."""
+    import time
+
+    t0 = time.perf_counter()
+    metrics: dict = {}
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        metrics = dict(evaluate())
+        report = metrics.pop("_report", None)
+        logger.eval_row({"step": state.step, **metrics}, report)
+        value = metrics.get(best_metric)
+        if value is not None and (state.best is None or value > state.best):
+            state.best, state.best_step = float(value), state.step
+            save_best(metrics)
+    acc.wait_for_everyone()
+    state.eval_s += time.perf_counter() - t0
+    return metrics
+
+
 def peak_memory_gb() -> float:
     """Peak GPU memory allocated by torch, or the process's peak RSS on CPU."""
     import torch

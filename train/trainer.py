@@ -33,6 +33,7 @@ from dgpo_edge.errors import InputError
 from .data import Example, batch_order, collate
 from .plumbing import (
     Loggers,
+    evaluate_and_keep_best,
     fill_deepspeed_autos,
     lr_lambda,
     peak_memory_gb,
@@ -234,25 +235,17 @@ class Trainer:
     # -- evaluation and checkpoints -------------------------------------------------------
     def _evaluate(self, logger: Loggers) -> dict:
         """Run the eval hook on the main process; keep `best` when the metric improves."""
-        metrics: dict = {}
-        t0 = time.perf_counter()
-        self.acc.wait_for_everyone()
-        if self.acc.is_main_process:
+        def evaluate() -> dict:
             was_training = self.lm.training
             self.lm.eval()
-            model, engine = self._eval_decoder()
-            metrics = dict(self.eval_fn(model, self.state.step, engine))
-            self.lm.train(was_training)
-            report = metrics.pop("_report", None)   # data.report: recorded, never chosen by
-            logger.eval_row({"step": self.state.step, **metrics}, report)
-            key = self.config.eval.best_metric
-            value = metrics.get(key)
-            if value is not None and (self.state.best is None or value > self.state.best):
-                self.state.best, self.state.best_step = float(value), self.state.step
-                self._save_model(self.ckpt / "best", metrics)
-        self.acc.wait_for_everyone()
-        self.state.eval_s += time.perf_counter() - t0
-        return metrics
+            try:
+                model, engine = self._eval_decoder()
+                return self.eval_fn(model, self.state.step, engine)
+            finally:
+                self.lm.train(was_training)
+
+        return evaluate_and_keep_best(self.acc, self.state, evaluate, logger, self.config.eval.best_metric,
+                                      lambda metrics: self._save_model(self.ckpt / "best", metrics))
 
     def _eval_decoder(self) -> tuple[Any, Any]:
         """The model and engine an evaluation decodes with, as RL evaluations do: with eval.weights

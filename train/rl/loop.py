@@ -60,6 +60,7 @@ from ..rollout_copy import RolloutCopy
 from ..models import load_frozen, load_lm, load_tokenizer
 from ..plumbing import (
     Loggers,
+    evaluate_and_keep_best,
     lr_lambda,
     peak_memory_gb,
     prepare_run_dir,
@@ -576,19 +577,13 @@ class RLTrainer:
     def _evaluate(self, eval_fn: Any, logger: Any) -> None:
         from ..lora import save_checkpoint
 
-        t0 = time.perf_counter()
-        self.acc.wait_for_everyone()
-        if self.acc.is_main_process:
+        def evaluate() -> dict:
             model, engine = self._eval_decoder()
-            metrics = dict(eval_fn(model, self.state.step, engine))
-            report = metrics.pop("_report", None)   # data.report: recorded, never chosen by
-            logger.eval_row({"step": self.state.step, **metrics}, report)
-            value = metrics.get(self.config.eval.best_metric)
-            if value is not None and (self.state.best is None or value > self.state.best):
-                self.state.best, self.state.best_step = float(value), self.state.step
-                save_checkpoint(self.lm, self.tokenizer, self.ckpt / "best", extra=self._provenance(metrics))
-        self.acc.wait_for_everyone()
-        self.state.eval_s += time.perf_counter() - t0
+            return eval_fn(model, self.state.step, engine)
+
+        evaluate_and_keep_best(self.acc, self.state, evaluate, logger, self.config.eval.best_metric,
+                               lambda metrics: save_checkpoint(self.lm, self.tokenizer, self.ckpt / "best",
+                                                               extra=self._provenance(metrics)))
 
     def _provenance(self, metrics: dict | None = None) -> dict:
         from dgpo_edge.jsonio import file_digest
