@@ -13,7 +13,8 @@
 #   bench/factbook_rows.sh pack NAME|DIR [QUANT]  # a run's student (or a checkpoint folder) as GGUF (q8_0) in 15 MiB pieces + sha256
 #   bench/factbook_rows.sh unpack DIR NAME [QUANT]   # here: the pieces joined and checked
 #
-# METHOD: ppo | dgpo | grpo | dgpo_all_rollouts | dgpo_no_cold_start, or a KD-loss row kd_forward_kl |
+# METHOD: ppo | dgpo | grpo | dgpo_all_rollouts | dgpo_no_cold_start | teacher_ppo (PPO from the teacher,
+# not the KD start), or a KD-loss row kd_forward_kl |
 # kd_reverse_kl | kd_jsd | kd_seqkd: the FactbookQA KD recipe (train/configs/factbook-kd.yaml, LoRA,
 # 3 epochs) with that loss from the teacher, out/runs/kd-LOSS-sSEED, dev and test EM at its end
 # (kd_seqkd first writes the teacher's own trajectories, out/tgo, as `bench/factbook_rl.sh tgo` does).
@@ -99,7 +100,12 @@ row)
             teacher.path=$TEACHER teacher.apply_to=all "$@" ;;
     dgpo_no_cold_start) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" \
             teacher.path=$TEACHER model.path=$BASE lora.init_from=null "$@" ;;
-    *) echo "error: unknown method $method (ppo, dgpo, grpo, dgpo_all_rollouts, dgpo_no_cold_start, kd_forward_kl, kd_reverse_kl, kd_jsd, kd_seqkd)" >&2; exit 2 ;;
+    # PPO on the teacher itself (the paper's teacher was RL-trained): its checkpoints/best can then
+    # be the DGPO rows' teacher (TEACHER=out/runs/rl-teacher_ppo-sSEED/checkpoints/best, or a
+    # variant's teacher.path=...)
+    teacher_ppo) "${de[@]}" train ppo --config train/configs/factbook-ppo.yaml "${common[@]}" \
+            model.path=$TEACHER lora.init_from=null "$@" ;;
+    *) echo "error: unknown method $method (ppo, dgpo, grpo, dgpo_all_rollouts, dgpo_no_cold_start, teacher_ppo, kd_forward_kl, kd_reverse_kl, kd_jsd, kd_seqkd)" >&2; exit 2 ;;
   esac ;;
 eval)
   out=${1:?OUT.jsonl}; splits=${2:?SPLITS}; shift 2

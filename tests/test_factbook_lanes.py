@@ -69,6 +69,17 @@ def test_rows_joined_by_plus_run_one_after_another(lanes):
     assert "eval out/eval/lanes-ref.jsonl test,dev teacher | gpu=0 tag=" in calls   # REFS chose the references
 
 
+def test_ppo_on_the_teacher_then_dgpo_from_it(lanes):
+    # the RL'd teacher is trained after the SFT teacher, and the DGPO row chained after it gets it
+    # as its teacher through a variant
+    root, run = lanes
+    r = run("0=teacher_ppo:0+dgpo:0:rlt", REFS="", VARIANT_rlt="teacher.path=out/runs/rl-teacher_ppo-s0/checkpoints/best")
+    assert r.returncode == 0, r.stderr
+    calls = [c for c in (root / "out" / "calls.log").read_text().splitlines() if not c.startswith("reports")]
+    assert calls == ["start | gpu= tag=", "teacher | gpu=0 tag=", "row teacher_ppo 0 | gpu=0 tag=",
+                     "row dgpo 0 teacher.path=out/runs/rl-teacher_ppo-s0/checkpoints/best | gpu=0 tag=rlt"]
+
+
 def test_no_references_with_empty_refs(lanes):
     root, run = lanes
     assert run("0=dgpo:0", REFS="").returncode == 0
