@@ -180,8 +180,9 @@ def test_dev_em_hook_keeps_best_and_last(toy, tmp_path):
     assert (best / "model.safetensors").is_file() and (best / "tokenizer.json").is_file()
 
 
-@pytest.mark.parametrize("weights", ["bf16_copy", "training"])
-def test_evaluations_decode_a_bf16_copy_refreshed_at_each(toy, tmp_path, monkeypatch, weights):
+@pytest.mark.parametrize("weights, lora", [("bf16_copy", None), ("bf16_copy", {"r": 4, "train_norms": True}),
+                                           ("training", None)])
+def test_evaluations_decode_a_bf16_copy_refreshed_at_each(toy, tmp_path, monkeypatch, weights, lora):
     # eval.weights=bf16_copy (auto on a GPU in bf16): every evaluation decodes one bf16 copy of the
     # weights, synced to that step's, through one engine kept for the run; training: the weights
     # being trained, with an engine per call (None here: evaluate_em builds its own).
@@ -197,6 +198,9 @@ def test_evaluations_decode_a_bf16_copy_refreshed_at_each(toy, tmp_path, monkeyp
     monkeypatch.setattr(rollout, "evaluate_em", spy)
     config = _two_steps_evaluated(toy, tmp_path, {"dev": str(toy["dev"])},
                                   {"every": 1, "at_start": True, "weights": weights}, lr=2e-2)
+    if lora:   # the KD recipe trains an adapter: the copy holds it merged
+        import yaml
+        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "lora": lora}))
     _sft(config)
     assert len(calls) == 3   # steps 0, 1, 2
     models = {id(m) for m, _, _ in calls}
