@@ -27,6 +27,8 @@
 # START, TAG, STEPS and MICRO_BATCH pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
 # to every RL row (e.g. "optim.lr=1e-4"), KD_ARGS to every KD-loss row; LIMIT evaluates only the first N test questions; EVAL_LAST=0
 # skips the last-checkpoint evaluations after the deadline (the runs' reports hold test EM already).
+# PACK="RUN..." then writes each named run's student as Q8_0 GGUF pieces that a device call can
+# return (bench/factbook_rows.sh pack: out/pack/RUN.q8_0.gguf.partNN + sha256), for the laptop.
 # Logs: out/logs/lanes-*.log and out/logs/rl-*.log; out/logs/lanes.done once everything has ended.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -112,6 +114,11 @@ wait
 reported=()
 for f in out/runs/rl-*/report.jsonl out/runs/kd-*/report.jsonl; do [ -f "$f" ] && reported+=("$(basename "$(dirname "$f")")"); done
 [ ${#reported[@]} -gt 0 ] && bash $rows reports out/eval/lanes-reports.jsonl "${reported[@]}" | tee -a out/logs/lanes.log
+for run in ${PACK:-}; do
+  if [ -d "out/runs/$run/checkpoints/last" ]; then
+    bash $rows pack "$run" > "out/logs/lanes-pack-$run.log" 2>&1; log "packed $run (status $?)"
+  else log "not packed: $run has no checkpoint"; fi
+done
 if [ "${EVAL_LAST:-1}" = 0 ]; then log "done"; touch out/logs/lanes.done; exit 0; fi
 names=(kd teacher)
 for d in out/runs/rl-*/checkpoints/last; do [ -d "$d" ] && names+=("$(basename "$(dirname "$(dirname "$d")")")"); done

@@ -80,6 +80,17 @@ def test_ppo_on_the_teacher_then_dgpo_from_it(lanes):
                      "row dgpo 0 teacher.path=out/runs/rl-teacher_ppo-s0/checkpoints/best | gpu=0 tag=rlt"]
 
 
+def test_pack_writes_the_named_runs_that_have_a_checkpoint(lanes):
+    root, run = lanes
+    (root / "out" / "runs" / "rl-ppo-s0" / "checkpoints" / "last").mkdir(parents=True)
+    r = run("0=ppo:0", REFS="", PACK="rl-ppo-s0 rl-dgpo-s9")
+    assert r.returncode == 0, r.stderr
+    calls = (root / "out" / "calls.log").read_text().splitlines()
+    assert [c for c in calls if c.startswith("pack ")] == ["pack rl-ppo-s0 | gpu= tag="]
+    log = (root / "out" / "logs" / "lanes.log").read_text()
+    assert "packed rl-ppo-s0 (status 0)" in log and "not packed: rl-dgpo-s9 has no checkpoint" in log
+
+
 def test_no_references_with_empty_refs(lanes):
     root, run = lanes
     assert run("0=dgpo:0", REFS="").returncode == 0
