@@ -30,9 +30,9 @@ def _floats(path: Path, columns: tuple[str, ...]) -> dict[str, list[float]]:
 
 def run_curves(run: Path) -> dict:
     out = {"metrics": _floats(run / "metrics.csv", COLUMNS)}
-    if (run / "eval.csv").is_file():
-        out["dev"] = _floats(run / "eval.csv", ("step", "dev_em"))
-        out["dev"]["step"] = [int(s) for s in out["dev"]["step"]]
+    dev = _floats(run / "eval.csv", ("step", "dev_em")) if (run / "eval.csv").is_file() else {}
+    if dev.get("step"):   # a run cut before its first evaluation has a header only
+        out["dev"] = {**dev, "step": [int(s) for s in dev["step"]]}
     return out
 
 

@@ -4,8 +4,9 @@
 #
 #   bench/factbook_lanes.sh MINUTES LANE [LANE...]
 #   bench/factbook_lanes.sh 20 "0=dgpo:0,ppo:0,dgpo:1,ppo:1" "1=dgpo:2,ppo:2,grpo:0"
+#   bench/factbook_lanes.sh 25 "0=kd_jsd:0+kd_reverse_kl:0,dgpo_no_cold_start:0" "1=dgpo:0,dgpo:0:b01"
 #
-# A LANE is GPU=METHOD:SEED[:VARIANT][,...]: the rows of a lane run at once on that GPU (small
+# A LANE is GPU=METHOD:SEED[:VARIANT][,...] (or [+...]): the rows of a lane run at once on that GPU (small
 # students leave most of a card idle; four FactbookQA runs on one H200 gave 2.1x the steps of
 # one). Rows joined by + run one after another instead (kd_jsd:0+kd_reverse_kl:0: rows too large
 # to share a card with each other). A VARIANT names overrides given in the environment, VARIANT_<name>, for that row alone, and
@@ -27,12 +28,12 @@
 # START, TAG, STEPS and MICRO_BATCH pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
 # to every RL row (e.g. "optim.lr=1e-4"), KD_ARGS to every KD-loss row; LIMIT evaluates only the first N test questions; EVAL_LAST=0
 # skips the last-checkpoint evaluations after the deadline (the runs' reports hold test EM already).
-# PACK="RUN..." then writes each named run's student as Q8_0 GGUF pieces that a device call can
+# PACK="RUN..." then writes each named run's student (an RL or KD run folder under out/runs) as Q8_0 GGUF pieces that a device call can
 # return (bench/factbook_rows.sh pack: out/pack/RUN.q8_0.gguf.partNN + sha256), for the laptop.
 # Logs: out/logs/lanes-*.log and out/logs/rl-*.log; out/logs/lanes.done once everything has ended.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-minutes=${1:?usage: bench/factbook_lanes.sh MINUTES GPU=METHOD:SEED[,...] ...}; shift
+minutes=${1:?usage: bench/factbook_lanes.sh MINUTES GPU=METHOD:SEED[:VARIANT][,|+...] ...}; shift
 [ $# -gt 0 ] || { echo "error: give at least one lane, e.g. 0=dgpo:0,ppo:0" >&2; exit 2; }
 deadline=$(( $(date +%s) + minutes * 60 ))
 left() { echo $(( deadline - $(date +%s) )); }

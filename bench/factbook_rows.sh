@@ -81,7 +81,7 @@ row)
   method=${1:?METHOD}; seed=${2:?SEED}; shift 2
   case $method in kd_forward_kl|kd_reverse_kl|kd_jsd|kd_seqkd) kd_row "$method" "$seed" "$@"; exit ;; esac
   start=(model.path=$KD); variant=
-  if [ "${START:-merged}" = adapter ]; then
+  if [ "${START:-merged}" = adapter ] && [ "$method" != teacher_ppo ]; then   # the teacher has no adapter
     start=(model.path=$BASE lora.init_from=$KD_ADAPTER); variant=-lora
   fi
   name=rl-$method$variant${TAG:+-$TAG}-s$seed

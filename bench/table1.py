@@ -39,7 +39,7 @@ def load_rows(paths: list[str], names: dict[str, tuple[str, int]], rl_step: int 
     rows = []
     at_step = re.compile(rf"rl{rl_step}-(.+)-s(\d+)") if rl_step is not None else None
     for spec in paths:
-        label, _, path = spec.rpartition("=")
+        label, path = _label_and_path(spec)
         for _, raw in read_jsonl(path):
             run = f"{label}/{raw['method']}" if label else raw["method"]
             name = names.get(run)
@@ -51,6 +51,16 @@ def load_rows(paths: list[str], names: dict[str, tuple[str, int]], rl_step: int 
             rows.append({"method": method, "seed": seed, "split": raw["split"], "run": run,
                          **{k: raw[k] for k in KEEP if k in raw}})
     return rows
+
+
+def _label_and_path(spec: str) -> tuple[str, str]:
+    """LABEL=PATH, or a plain PATH (which may itself hold '=')."""
+    if Path(spec).is_file() or "=" not in spec:
+        return "", spec
+    label, _, path = spec.partition("=")
+    if "/" in label:
+        raise SystemExit(f"error: {spec}: no such rows file (a label, LABEL=PATH, has no '/')")
+    return label, path
 
 
 def paired_bootstrap(a: list[float], b: list[float], n_boot: int = 10_000, seed: int = 0) -> dict:

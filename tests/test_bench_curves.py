@@ -31,3 +31,12 @@ def test_a_folder_without_metrics_is_refused(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "curves.py"), str(tmp_path), "--card", "x",
                         "--commit", "x", "--what", "x", "--out", str(tmp_path / "c.json")], capture_output=True, text=True)
     assert r.returncode == 2 and "no metrics.csv in" in r.stderr and not (tmp_path / "c.json").exists()
+
+
+def test_a_run_cut_before_its_first_evaluation_has_no_dev_curve(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import curves
+
+    (tmp_path / "metrics.csv").write_text("step,reward\n1,0.5\n")
+    (tmp_path / "eval.csv").write_text("step,dev_n,dev_em\n")
+    assert curves.run_curves(tmp_path) == {"metrics": {"step": [1.0], "reward": [0.5]}}

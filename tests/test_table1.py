@@ -78,3 +78,12 @@ def test_a_labelled_file_joins_only_by_name(tmp_path):
     # the labelled file's step-150 row is not taken for dgpo seed 0, which the other file holds
     assert sorted((r["method"], r["run"], r["em"]) for r in loaded) == [
         ("dgpo", "rl150-dgpo-s0", 0.5), ("dgpo_200", "lease2/rl200-dgpo-s0", 1.0)]
+
+
+def test_a_plain_path_may_hold_an_equals_sign(tmp_path):
+    odd = tmp_path / "lr=1e-4.jsonl"
+    odd.write_text(json.dumps(row("rl150-dgpo-s0", "test", [1, 0], rl_steps=150)) + "\n")
+    (loaded,) = table1.load_rows([str(odd)], {}, rl_step=150)
+    assert (loaded["method"], loaded["run"]) == ("dgpo", "rl150-dgpo-s0")
+    with pytest.raises(SystemExit, match="no such rows file"):
+        table1.load_rows([str(tmp_path / "missing=x.jsonl")], {}, rl_step=150)

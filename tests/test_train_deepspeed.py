@@ -160,3 +160,7 @@ def test_zero3_refuses_dev_evaluation(tmp_path):
         check_zero3(_config(tmp_path, dev), stage=3, processes=1)
     check_zero3(_config(tmp_path, dev), stage=2, processes=2)
     check_zero3(_config(tmp_path, dev), stage=None, processes=2)
+    # data.report alone evaluates as well (rank 0 would wait on shards while the others wait on it)
+    report = ["chunk_size=0", "data.report=test.jsonl", "data.retriever=corpus.jsonl"]
+    with pytest.raises(InputError, match=r"data\.report .* ZeRO-3 \(2 processes\)"):
+        check_zero3(_config(tmp_path, report), stage=3, processes=2)

@@ -97,7 +97,10 @@ class EvalSection:
     engine: DecoderChoice = "auto"  # rollout decoder: auto | fast (static cache, CUDA graphs) | plain
     # What the evaluations decode: a bf16 copy of the weights (LoRA merged) refreshed at each
     # evaluation, through one engine kept for the run, or the training weights themselves (an engine
-    # per evaluation); auto = the copy for bf16 runs on a GPU. An RL run's copy is its rollouts'.
+    # per evaluation); auto = the copy for bf16 runs on a GPU. The copy and the engine's cache stay
+    # on the GPU for the whole run (training frees them after each evaluation). An RL run's
+    # evaluations use its rollouts' decoder (rollout.weights decides whether that is a copy) unless
+    # this is training.
     weights: Literal["auto", "bf16_copy", "training"] = "auto"
     best_metric: str = "dev_em"  # checkpoints/best keeps the highest value of this metric
 

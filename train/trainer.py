@@ -77,11 +77,12 @@ def check_zero3(config: Any, stage: int | None, processes: int) -> None:
     if config.chunk_size:
         raise InputError(f"chunk_size={config.chunk_size}: the chunked loss cannot read the sharded LM head "
                          "under DeepSpeed ZeRO-3; set chunk_size=0 (full logits)")
-    if config.data.dev:
-        raise InputError(f"data.dev is set, but dev evaluation cannot run under DeepSpeed ZeRO-3 "
-                         f"({processes} process{'es' if processes > 1 else ''}): it needs the whole weights "
-                         "in place, and ZeRO-3 holds shards; set data.dev=null and evaluate the saved "
-                         "checkpoints afterwards")
+    for key in ("dev", "report"):   # either one makes the trainer evaluate
+        if getattr(config.data, key):
+            raise InputError(f"data.{key} is set, but evaluation cannot run under DeepSpeed ZeRO-3 "
+                             f"({processes} process{'es' if processes > 1 else ''}): it needs the whole weights "
+                             f"in place, and ZeRO-3 holds shards; set data.{key}=null and evaluate the saved "
+                             "checkpoints afterwards")
 
 
 class Trainer:
