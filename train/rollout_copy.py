@@ -24,6 +24,13 @@ from typing import Any
 from .lora import is_lora, merged_state_dict
 
 
+def wants_copy(choice: str, accelerator: Any) -> bool:
+    """Whether a run decodes through a bf16 copy: `choice` (rollout.weights, eval.weights) is
+    bf16_copy, or auto in a bf16 run on a GPU; training (or auto elsewhere) decodes the weights."""
+    bf16_gpu = accelerator.mixed_precision == "bf16" and accelerator.device.type == "cuda"
+    return choice == "bf16_copy" or (choice == "auto" and bf16_gpu)
+
+
 def _source_state(lm: Any) -> dict:
     """The actor's weights under plain names (LoRA merged in)."""
     if is_lora(lm):

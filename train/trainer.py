@@ -255,13 +255,12 @@ class Trainer:
         otherwise the training weights, with an engine of their own per call. (On an H100 an
         evaluation of 300 dev and 740 test FactbookQA questions took about 95 s the second way inside
         an RL run and 15-20 s the first: docs/benchmarks.md.)"""
-        e = self.config.eval
-        bf16_gpu = self.acc.mixed_precision == "bf16" and self.acc.device.type == "cuda"
-        if not (e.weights == "bf16_copy" or (e.weights == "auto" and bf16_gpu)):
+        from .rollout_copy import RolloutCopy, wants_copy
+
+        if not wants_copy(self.config.eval.weights, self.acc):
             return self.lm, None
         if self._eval_copy is None:
             from .rollout import make_engine
-            from .rollout_copy import RolloutCopy
 
             self._eval_copy = RolloutCopy(self.lm)
             rollout = getattr(self.eval_fn, "rollout", None)   # make_eval_fn's hook says how it decodes

@@ -56,7 +56,7 @@ from .models import (
     make_critic,
 )
 from ..rollout import RolloutConfig, generate_rollouts, make_engine, observation_blocks
-from ..rollout_copy import RolloutCopy
+from ..rollout_copy import RolloutCopy, wants_copy
 from ..models import load_frozen, load_lm, load_tokenizer
 from ..plumbing import (
     Loggers,
@@ -198,8 +198,7 @@ class RLTrainer:
             protocol=c.protocol, temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
             attention=r.attention, fused_sampling=r.fused_sampling, layers=r.layers, lm_head=r.lm_head,
             chat_template=c.data.chat_template)
-        use_copy = r.weights == "bf16_copy" or (r.weights == "auto" and self.bf16 and self.acc.device.type == "cuda")
-        self.rollout_copy = RolloutCopy(self.lm) if use_copy else None
+        self.rollout_copy = RolloutCopy(self.lm) if wants_copy(r.weights, self.acc) else None
         self.engine = make_engine(self.rollout_lm, self.tokenizer, self.rollout_config)
         self.blocks = observation_blocks(self.tokenizer)   # kept across steps: passages come back
 
