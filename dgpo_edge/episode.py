@@ -149,13 +149,18 @@ class Episode:
         """
         if self._searching is None or query != self._searching:
             raise RuntimeError(f"no search for {query!r} is waiting on passages")
-        shown = list(passages)[: self.config.top_k]
+        shown = self.shown(passages)
         text, ids = block if block is not None else (self.blocks(shown, self.config.max_obs_tokens), None)
         self.transcript.append_information(query, shown, block=text)
         self._add(self.plain(text) if ids is None else ids)
         self._searching = None
         self.turn += 1
         return shown
+
+    def shown(self, passages: Sequence[Passage]) -> list[Passage]:
+        """The passages of a search this episode shows: the first `top_k` (a caller that builds the
+        block itself, as rollouts do, builds it for these)."""
+        return list(passages)[: self.config.top_k]
 
     # -- internals -----------------------------------------------------------------------------------
     def _require_turn(self) -> None:

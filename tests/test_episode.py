@@ -58,7 +58,8 @@ def test_a_block_built_by_the_caller_is_the_one_observe_builds():
     for e in (mine, given):
         turn(e, SEARCH)
     mine.observe("Peru", PASSAGES)
-    text = given.blocks(PASSAGES[:3], 40)
+    assert given.shown(PASSAGES) == PASSAGES[:3]       # what a caller builds the block for
+    text = given.blocks(given.shown(PASSAGES), 40)
     assert given.observe("Peru", PASSAGES, block=(text, encode(text))) == PASSAGES[:3]
     assert (given.ids, given.mask, given.logprobs, given.turn) == (mine.ids, mine.mask, mine.logprobs, mine.turn)
     assert given.transcript.text == mine.transcript.text

@@ -247,7 +247,7 @@ def _observe(searching: list[tuple[Episode, str]], retriever: Retriever | None, 
             e.observe(query, passages)
         return
     # The round's blocks fitted and encoded in batch calls (the tokenizer's threads), then handed over.
-    shown = [list(p)[:limits.top_k] for p in results]
+    shown = [e.shown(p) for (e, _), p in zip(searching, results)]
     texts = blocks.many(shown, limits.max_obs_tokens)
     for (e, query), passages, text, ids in zip(searching, shown, texts, blocks.encode_many(texts)):
         e.observe(query, passages, block=(text, ids))
