@@ -42,7 +42,7 @@ rows=bench/factbook_rows.sh
 mkdir -p out/logs out/eval
 gpus=()
 spec_re='[a-z_]+:[0-9]+(:[a-z0-9_]+)?'
-methods=" ppo dgpo grpo dgpo_all_rollouts dgpo_no_cold_start teacher_ppo kd_forward_kl kd_reverse_kl kd_jsd kd_seqkd "
+methods=" ppo dgpo grpo dgpo_grpo dgpo_all_rollouts dgpo_no_cold_start teacher_ppo kd_forward_kl kd_reverse_kl kd_jsd kd_seqkd "
 seen=" "
 chain_re="$spec_re(\\+$spec_re)*"
 chains=()   # "GPU SPEC[+SPEC...]", every row checked before anything runs

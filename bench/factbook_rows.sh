@@ -13,8 +13,9 @@
 #   bench/factbook_rows.sh pack NAME|DIR [QUANT]  # a run's student (or a checkpoint folder) as GGUF (q8_0) in 15 MiB pieces + sha256
 #   bench/factbook_rows.sh unpack DIR NAME [QUANT]   # here: the pieces joined and checked
 #
-# METHOD: ppo | dgpo | grpo | dgpo_all_rollouts | dgpo_no_cold_start | teacher_ppo (PPO from the teacher,
-# not the KD start), or a KD-loss row kd_forward_kl |
+# METHOD: ppo | dgpo | grpo | dgpo_grpo (GRPO with DGPO's teacher term on the failed rollouts) |
+# dgpo_all_rollouts | dgpo_no_cold_start | teacher_ppo (PPO from the teacher, not the KD start),
+# or a KD-loss row kd_forward_kl |
 # kd_reverse_kl | kd_jsd | kd_seqkd: the FactbookQA KD recipe (train/configs/factbook-kd.yaml, LoRA,
 # 3 epochs) with that loss from the teacher, out/runs/kd-LOSS-sSEED, dev and test EM at its end
 # (kd_seqkd first writes the teacher's own trajectories, out/tgo, as `bench/factbook_rl.sh tgo` does).
@@ -89,13 +90,17 @@ row)
   common=(run.out_dir=out/runs/$name run.seed="$seed" "${start[@]}" optim.steps="$STEPS"
           eval.every=50 eval.batch_size=128 log.save_every=25 log.progress=false ppo.micro_batch=$MICRO_BATCH
           data.report=out/factbookqa/test.jsonl)
+  # GRPO: the same 128 questions a step, 4 samples each, group-normalised advantages, no critic;
+  # mini-batches of 256 keep two optimizer steps a step, as the others have.
+  group=(rollout.samples_per_prompt=4 rollout.batch_size=512 ppo.mini_batch=256)
   case $method in
     ppo)  "${de[@]}" train ppo --config train/configs/factbook-ppo.yaml "${common[@]}" "$@" ;;
     dgpo) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" teacher.path=$TEACHER "$@" ;;
-    # GRPO: the same 128 questions a step, 4 samples each, group-normalised advantages, no critic;
-    # mini-batches of 256 keep two optimizer steps a step, as the others have.
-    grpo) "${de[@]}" train grpo --config train/configs/factbook-ppo.yaml "${common[@]}" \
-            rollout.samples_per_prompt=4 rollout.batch_size=512 ppo.mini_batch=256 "$@" ;;
+    grpo) "${de[@]}" train grpo --config train/configs/factbook-ppo.yaml "${common[@]}" "${group[@]}" "$@" ;;
+    # the same with the teacher: failed rollouts pay DGPO's term (its return-to-go) on top of the
+    # group-normalised score, whose baseline is the other samples of their question
+    dgpo_grpo) "${de[@]}" train grpo --config train/configs/factbook-dgpo.yaml "${common[@]}" "${group[@]}" \
+            teacher.path=$TEACHER "$@" ;;
     dgpo_all_rollouts) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" \
             teacher.path=$TEACHER teacher.apply_to=all "$@" ;;
     dgpo_no_cold_start) "${de[@]}" train dgpo --config train/configs/factbook-dgpo.yaml "${common[@]}" \
@@ -105,7 +110,7 @@ row)
     # variant's teacher.path=...)
     teacher_ppo) "${de[@]}" train ppo --config train/configs/factbook-ppo.yaml "${common[@]}" \
             model.path=$TEACHER lora.init_from=null "$@" ;;
-    *) echo "error: unknown method $method (ppo, dgpo, grpo, dgpo_all_rollouts, dgpo_no_cold_start, teacher_ppo, kd_forward_kl, kd_reverse_kl, kd_jsd, kd_seqkd)" >&2; exit 2 ;;
+    *) echo "error: unknown method $method (ppo, dgpo, grpo, dgpo_grpo, dgpo_all_rollouts, dgpo_no_cold_start, teacher_ppo, kd_forward_kl, kd_reverse_kl, kd_jsd, kd_seqkd)" >&2; exit 2 ;;
   esac ;;
 eval)
   out=${1:?OUT.jsonl}; splits=${2:?SPLITS}; shift 2

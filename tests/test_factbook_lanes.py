@@ -115,3 +115,65 @@ def test_a_bad_lane_stops_before_anything_runs(lanes, lane, needle):
         r = run(lane)
     assert r.returncode == 2 and needle in r.stderr
     assert not (root / "out" / "calls.log").exists()
+
+
+# --- bench/factbook_rows.sh row: the command each RL method runs ---------------------------------
+
+PYTHON_STUB = """#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+"""
+
+
+@pytest.fixture
+def rows(tmp_path):
+    """bench/factbook_rows.sh in a scratch tree, its python a stand-in that records the command."""
+    (tmp_path / "bench").mkdir()
+    shutil.copy(ROOT / "bench" / "factbook_rows.sh", tmp_path / "bench")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"stand-in")
+    py = tmp_path / "py"
+    py.write_text(PYTHON_STUB)
+    py.chmod(0o755)
+
+    def row(method, *extra, **env):
+        calls = tmp_path / "calls.log"
+        calls.unlink(missing_ok=True)
+        r = subprocess.run(["bash", str(tmp_path / "bench" / "factbook_rows.sh"), "row", method, "0", *extra],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHON": str(py), "CALLS": str(calls),
+                                "KD_ADAPTER": str(adapter), **env})
+        return r, (calls.read_text().split() if calls.exists() else [])
+    return row
+
+
+def _value(args, key):
+    (value,) = [a.split("=", 1)[1] for a in args if a.startswith(key + "=")]
+    return value
+
+
+@pytest.mark.parametrize("method, command, config, teacher, grouped", [
+    ("ppo", "ppo", "factbook-ppo", False, False),
+    ("dgpo", "dgpo", "factbook-dgpo", True, False),
+    ("grpo", "grpo", "factbook-ppo", False, True),
+    ("dgpo_grpo", "grpo", "factbook-dgpo", True, True),
+])
+def test_each_rl_row_runs_its_trainer_with_the_shared_settings(rows, method, command, config, teacher, grouped):
+    r, args = rows(method, "optim.lr=2e-5", STEPS="50", MICRO_BATCH="8")
+    assert r.returncode == 0, r.stderr
+    assert args[:5] == ["-m", "dgpo_edge", "train", command, "--config"]
+    assert args[5] == f"train/configs/{config}.yaml"
+    assert _value(args, "run.out_dir") == f"out/runs/rl-{method}-s0"
+    assert (_value(args, "optim.steps"), _value(args, "ppo.micro_batch")) == ("50", "8")
+    assert _value(args, "data.report") == "out/factbookqa/test.jsonl"
+    assert _value(args, "model.path").startswith("out/models/kd-start-")      # every row from the KD start
+    assert any(a.startswith("teacher.path=") for a in args) == teacher
+    # GRPO rows: four samples of the same 128 questions, two optimizer steps a step
+    group = ["rollout.samples_per_prompt=4", "rollout.batch_size=512", "ppo.mini_batch=256"]
+    assert all(g in args for g in group) == grouped and any(g in args for g in group) == grouped
+    assert args[-1] == "optim.lr=2e-5"                                        # the caller's overrides win
+
+
+def test_an_unknown_row_method_is_refused(rows):
+    r, args = rows("dgpo_ppo")
+    assert r.returncode == 2 and "unknown method dgpo_ppo" in r.stderr and not args
