@@ -11,6 +11,10 @@ reference engine agree token for token on a tiny fp32 model, greedy and sampled.
 
     python bench/rollout.py --tokenizer device/qwen2 --batch 256 --new-tokens 256 --out result.json
 
+With `--turns 5 --new-tokens 500` one more row decodes the way an RL rollout at the paper's shape
+does (bench/rl_cost.py: five 500-token turns over a growing context, a prefill each turn), the
+like-for-like standalone figure for the rollout tokens/s measured inside RL.
+
 Runs from a source checkout without installing (the device machine has torch
 and transformers but not this package).
 """
@@ -86,7 +90,8 @@ def prompts(tokenizer, batch: int) -> list[list[int]]:
 def _sync():
     import torch
 
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def run_generate(model, tokenizer, prefixes, new_tokens: int) -> dict:
@@ -127,8 +132,7 @@ def run_fast(model, tokenizer, prefixes, new_tokens: int, check_every: int, gree
 
     engine = FastDecoder(model, tokenizer, protocol.STOP_STRINGS, eos_ids=(), check_every=check_every,
                          cuda_graphs=cuda_graphs, **options)
-    sampling = RolloutSampling(greedy=greedy)
-    gen = torch.Generator(device=model.device).manual_seed(0)
+    sampling, gen = RolloutSampling(greedy=greedy), _generator(model.device)
     _sync()
     t0 = time.perf_counter()
     engine.decode(prefixes, [new_tokens] * len(prefixes), sampling, gen)   # first call: capture
@@ -156,12 +160,54 @@ def run_fast(model, tokenizer, prefixes, new_tokens: int, check_every: int, gree
     return rep | {"tokens": [o.ids for o in outs]}
 
 
+def run_turns(model, tokenizer, prefixes, new_tokens: int, turns: int, check_every: int) -> dict:
+    """The shape of a random-weight RL rollout (bench/rl_cost.py): `turns` sampled turns of
+    `new_tokens` each, every turn's prefix the last one's plus its tokens and the protocol's
+    invalid-action feedback, each turn a fresh `decode` call (its prefill over the whole prefix,
+    as rollouts make it). The engine's defaults; the first pass (captures) is timed apart."""
+    from dgpo_edge.train.decoding import RolloutSampling
+    from dgpo_edge.train.fast_decode import FastDecoder
+
+    from dgpo_edge import protocol
+
+    engine = FastDecoder(model, tokenizer, protocol.STOP_STRINGS, eos_ids=(), check_every=check_every,
+                         cuda_graphs=model.device.type == "cuda")
+    feedback = tokenizer.encode(protocol.INVALID_ACTION_FEEDBACK, add_special_tokens=False)
+    sampling, gen = RolloutSampling(greedy=False), _generator(model.device)
+
+    def episode() -> tuple[list[float], int, list[int]]:
+        rows, walls, n = [list(p) for p in prefixes], [], 0
+        for _ in range(turns):
+            _sync()
+            t0 = time.perf_counter()
+            outs = engine.decode(rows, [new_tokens] * len(rows), sampling, gen)
+            _sync()
+            walls.append(time.perf_counter() - t0)
+            n += sum(len(o.ids) for o in outs)
+            rows = [r + list(o.ids) + feedback for r, o in zip(rows, outs)]
+        return walls, n, [len(r) for r in rows]
+
+    first, _, _ = episode()
+    walls, n, lengths = episode()
+    wall = sum(walls)
+    return _report(wall, n, turns * new_tokens) | {
+        "turns": turns, "turn_walls_s": [round(w, 3) for w in walls], "first_pass_s": round(sum(first), 3),
+        "final_context": [min(lengths), max(lengths)]}
+
+
+def _generator(device):
+    import torch
+
+    return torch.Generator(device=device).manual_seed(0)
+
+
 def _report(wall: float, n_tokens: int, steps: int) -> dict:
     import torch
 
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
     return {"wall_s": round(wall, 3), "generated_tokens": n_tokens,
             "tokens_per_s": round(n_tokens / wall, 1), "step_ms": round(wall / steps * 1000, 3),
-            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+            "peak_mem_gib": round(peak, 2)}
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
@@ -227,6 +273,9 @@ def main() -> None:
     ap.add_argument("--skip-generate", action="store_true")
     ap.add_argument("--check-only", action="store_true", help="only the engine agreement check")
     ap.add_argument("--repeats", type=int, default=1, help="timed calls per row (the median is reported)")
+    ap.add_argument("--turns", type=int, default=0,
+                    help="also decode TURNS sampled turns of --new-tokens each over a growing prefix, "
+                         "as a random-weight RL rollout does (row fast_sampled_TURNSturns)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--commit", default="", help="recorded in the results (the GPU machine's copy has no git)")
     args = ap.parse_args()
@@ -267,6 +316,9 @@ def main() -> None:
                                                 greedy=greedy, **BEFORE, **kw)
             r[f"speedup_{name}_vs_before"] = round(
                 r[f"fast_{name}"]["tokens_per_s"] / r[f"fast_{name}_before"]["tokens_per_s"], 2)
+        if args.turns:
+            r[f"fast_sampled_{args.turns}turns"] = run_turns(model, tokenizer, pre, args.new_tokens, args.turns,
+                                                            args.check_every)
         r["agreement_greedy_before"] = agreement(r["fast_greedy_before"]["tokens"], r["fast_greedy"]["tokens"])
         r["static_cache_no_graphs_greedy"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
                                                       greedy=True, cuda_graphs=False)

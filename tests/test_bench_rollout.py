@@ -1,0 +1,45 @@
+"""bench/rollout.py's multi-turn row (`--turns`) on CPU with a tiny model: the shape of an RL
+rollout at the paper's shape, a growing prefix and a fresh decode call each turn."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import test_rollout_support as support  # noqa: E402
+from test_rollout_support import tiny_model  # noqa: E402
+
+from dgpo_edge import protocol  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_rollout", ROOT / "bench" / "rollout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def smol_tok(request, tmp_path_factory):
+    return support.smol_tok_fixture(request, tmp_path_factory)
+
+
+def test_turns_grow_the_prefix_by_each_turns_tokens_and_the_feedback(bench, smol_tok):
+    model = tiny_model("llama", len(smol_tok), seed=5)
+    prefixes = bench.prompts(smol_tok, 4)
+    feedback = len(smol_tok.encode(protocol.INVALID_ACTION_FEEDBACK, add_special_tokens=False))
+    r = bench.run_turns(model, smol_tok, prefixes, new_tokens=6, turns=3, check_every=4)
+    assert r["turns"] == 3 and len(r["turn_walls_s"]) == 3
+    assert 0 < r["generated_tokens"] <= 4 * 3 * 6
+    lo, hi = r["final_context"]
+    # every turn adds the feedback and at least the one token a turn always decodes
+    assert lo >= min(map(len, prefixes)) + 3 * (feedback + 1)
+    assert hi <= max(map(len, prefixes)) + 3 * (feedback + 6)
