@@ -28,8 +28,11 @@
 # START, TAG, STEPS and MICRO_BATCH pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
 # to every RL row (e.g. "optim.lr=1e-4"), KD_ARGS to every KD-loss row; LIMIT evaluates only the first N test questions; EVAL_LAST=0
 # skips the last-checkpoint evaluations after the deadline (the runs' reports hold test EM already).
-# PACK="RUN..." then writes each named run's student (an RL or KD run folder under out/runs) as Q8_0 GGUF pieces that a device call can
-# return (bench/factbook_rows.sh pack: out/pack/RUN.q8_0.gguf.partNN + sha256), for the laptop.
+# PACK="RUN..." then writes each named run's last checkpoint (an RL or KD run folder under out/runs,
+# checkpoints/last) as Q8_0 GGUF pieces that a device call can return (bench/factbook_rows.sh pack:
+# out/pack/RUN.q8_0.gguf.partNN + sha256), for the laptop; at most 10 minutes each.
+# A row that fails stops the rows chained after it (+), and the command's status is then 1
+# (out/logs/lanes.failed names them); a row stopped by the deadline has not failed.
 # Logs: out/logs/lanes-*.log and out/logs/rl-*.log; out/logs/lanes.done once everything has ended.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +63,10 @@ for lane in "$@"; do
     [ -z "$variant" ] || [ -n "$(printenv "VARIANT_$variant")" ] \
       || { echo "error: lane '$lane': row $spec needs its overrides in VARIANT_$variant" >&2; exit 2; }
   done
+done
+
+for ref in ${REFS-}; do   # the references bench/factbook_rows.sh eval knows by name
+  case $ref in teacher|kd|base) ;; *) echo "error: REFS: unknown reference $ref (teacher, kd, base)" >&2; exit 2 ;; esac
 done
 
 # The teacher trains on the first lane's GPU while the rows that need none (ppo, grpo) already run;
@@ -101,12 +108,25 @@ run_row() {  # GPU METHOD SEED [VARIANT]
   # shellcheck disable=SC2086 # args is a list of overrides
   CUDA_VISIBLE_DEVICES=$1 TAG=$tag timeout --signal=TERM "$l" bash $rows row "$2" "$3" $args "${extra[@]}" \
     > "out/logs/rl-$2${tag:+-$tag}-s$3.log" 2>&1
-  log "gpu $1: $row ended (status $?)"
+  local status=$?
+  log "gpu $1: $row ended (status $status)"
+  # 124: stopped by the deadline (it resumes from its checkpoint next time), not a failure
+  [ $status = 0 ] || [ $status = 124 ] || { echo "$row" >> $failed; return 1; }
 }
+# A row that fails stops its chain: the rows after it may need what it makes (teacher_ppo, then
+# DGPO from that teacher), and the status of the whole command is then 1.
+failed=out/logs/lanes.failed
+rm -f $failed
 for todo in "${chains[@]}"; do
   read -r gpu chain <<< "$todo"
   IFS=+ read -ra specs <<< "$chain"
-  ( for spec in "${specs[@]}"; do IFS=: read -r method seed variant <<< "$spec"; run_row "$gpu" "$method" "$seed" "$variant"; done ) &
+  ( for i in "${!specs[@]}"; do
+      IFS=: read -r method seed variant <<< "${specs[$i]}"
+      run_row "$gpu" "$method" "$seed" "$variant" && continue
+      rest=("${specs[@]:$((i + 1))}")
+      [ ${#rest[@]} -eq 0 ] || log "gpu $gpu: not started after $method s$seed failed: ${rest[*]}"
+      break
+    done ) &
 done
 wait
 
@@ -117,12 +137,19 @@ for f in out/runs/rl-*/report.jsonl out/runs/kd-*/report.jsonl; do [ -f "$f" ] &
 [ ${#reported[@]} -gt 0 ] && bash $rows reports out/eval/lanes-reports.jsonl "${reported[@]}" | tee -a out/logs/lanes.log
 for run in ${PACK:-}; do
   if [ -d "out/runs/$run/checkpoints/last" ]; then
-    bash $rows pack "$run" > "out/logs/lanes-pack-$run.log" 2>&1; log "packed $run (status $?)"
+    timeout 600 bash $rows pack "$run" > "out/logs/lanes-pack-$run.log" 2>&1; log "packed $run (status $?)"
   else log "not packed: $run has no checkpoint"; fi
 done
-if [ "${EVAL_LAST:-1}" = 0 ]; then log "done"; touch out/logs/lanes.done; exit 0; fi
-names=(kd teacher)
-for d in out/runs/rl-*/checkpoints/last; do [ -d "$d" ] && names+=("$(basename "$(dirname "$(dirname "$d")")")"); done
+finish() {  # status 1 when a row failed (out/logs/lanes.failed lists them)
+  [ -s $failed ] || exit 0
+  log "failed rows: $(paste -sd, $failed) (out/logs/rl-*.log)"; exit 1
+}
+if [ "${EVAL_LAST:-1}" = 0 ]; then log "done"; touch out/logs/lanes.done; finish; fi
+# the teacher only when it trained (a model that fails to load ends its GPU's share), and last
+names=(kd)
+for d in out/runs/rl-*/checkpoints/last out/runs/kd-*/checkpoints/last; do
+  [ -d "$d" ] && names+=("$(basename "$(dirname "$(dirname "$d")")")"); done
+[ "$(cat $teacher_state 2>/dev/null)" = ok ] && names+=(teacher)
 log "evaluating ${names[*]}"
 for i in "${!gpus[@]}"; do
   share=()
@@ -133,3 +160,4 @@ done
 wait
 grep -h " EM " out/logs/lanes-eval-*.log | tee -a out/logs/lanes.log
 touch out/logs/lanes.done
+finish

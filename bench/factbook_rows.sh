@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The RL rows of the FactbookQA table (docs/benchmarks.md, "FactbookQA: the student"): PPO, DGPO,
-# GRPO and DGPO's two ablations, each from the same KD start with the same prompts per step (the
-# prompts of a step depend on the seed and the step only), several seeds, then greedy EM on whole
-# splits. Every stage is skipped when done and every run resumes from its checkpoints/last, so a
+# The rows of the FactbookQA table (docs/benchmarks.md, "FactbookQA: the student"): PPO, DGPO,
+# GRPO and DGPO's ablations, each from the same KD start (PPO on the teacher from the teacher) with
+# the same prompts per step (the prompts of a step depend on the seed and the step only), the
+# KD-loss rows, several seeds, then greedy EM on whole splits. Every stage is skipped when done and every run resumes from its checkpoints/last, so a
 # cut or crashed lease continues where it stopped.
 #
 #   bench/factbook_rows.sh start                  # data, the pruned base, the KD start (the shipped adapter merged)

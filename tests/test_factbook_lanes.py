@@ -80,6 +80,38 @@ def test_ppo_on_the_teacher_then_dgpo_from_it(lanes):
                      "row dgpo 0 teacher.path=out/runs/rl-teacher_ppo-s0/checkpoints/best | gpu=0 tag=rlt"]
 
 
+def test_a_failed_row_stops_its_chain_and_the_command_fails(lanes):
+    # the RL'd teacher failed: the DGPO row that needs it does not start; another lane goes on;
+    # a row stopped by the deadline (124) is not a failure and does not stop its chain
+    root, run = lanes
+    stub = (root / "bench" / "factbook_rows.sh").read_text()
+    stub = stub.replace("  row) ", '  row) [ "$2" = teacher_ppo ] && exit 1; [ "$2" = grpo ] && exit 124\n       ', 1)
+    (root / "bench" / "factbook_rows.sh").write_text(stub)
+    r = run("0=teacher_ppo:0+dgpo:0:rlt", "1=grpo:0+ppo:0", REFS="", VARIANT_rlt="teacher.path=elsewhere")
+    assert r.returncode == 1
+    rows = [c.split(" |")[0] for c in (root / "out" / "calls.log").read_text().splitlines() if c.startswith("row ")]
+    assert sorted(rows) == ["row grpo 0", "row ppo 0", "row teacher_ppo 0"]
+    log = (root / "out" / "logs" / "lanes.log").read_text()
+    assert "not started after teacher_ppo s0 failed: dgpo:0:rlt" in log and "failed rows: teacher_ppo s0" in log
+    assert (root / "out" / "logs" / "lanes.failed").read_text().split("\n")[0] == "teacher_ppo s0"
+    assert (root / "out" / "logs" / "lanes.done").is_file()
+
+
+@pytest.mark.parametrize("teacher_ok", [True, False])
+def test_the_last_evaluations_take_every_run_and_the_teacher_only_if_it_trained(lanes, teacher_ok):
+    root, run = lanes
+    for d in ("rl-dgpo-s0", "kd-jsd-s0"):
+        (root / "out" / "runs" / d / "checkpoints" / "last").mkdir(parents=True)
+    if not teacher_ok:
+        stub = (root / "bench" / "factbook_rows.sh").read_text().replace("case $1 in", "case $1 in\n  teacher) exit 1 ;;", 1)
+        (root / "bench" / "factbook_rows.sh").write_text(stub)
+    r = run("0=ppo:0", REFS="", EVAL_LAST="1")
+    assert r.returncode == 0, r.stderr
+    evals = [c.split(" |")[0].split()[3:] for c in (root / "out" / "calls.log").read_text().splitlines()
+             if c.startswith("eval out/eval/lanes-test.jsonl")]
+    assert evals == [["kd", "rl-dgpo-s0", "kd-jsd-s0"] + (["teacher"] if teacher_ok else [])]
+
+
 def test_pack_writes_the_named_runs_that_have_a_checkpoint(lanes):
     root, run = lanes
     (root / "out" / "runs" / "rl-ppo-s0" / "checkpoints" / "last").mkdir(parents=True)
@@ -104,6 +136,7 @@ def test_no_references_with_empty_refs(lanes):
     ("0=dgpo:0:Beta", "bad lane"),
     ("0=dgpo:0:b02", "row dgpo:0:b02 needs its overrides in VARIANT_b02"),
     ("0=dpgo:0", "unknown method dpgo"),
+    ("0=dgpo:0 REFS=teachr", "REFS: unknown reference teachr"),
     ("0=dgpo:0,ppo:0 1=dgpo:0", None),
 ])
 def test_a_bad_lane_stops_before_anything_runs(lanes, lane, needle):
@@ -111,6 +144,9 @@ def test_a_bad_lane_stops_before_anything_runs(lanes, lane, needle):
     if needle is None:   # the same row in two lanes would train one run folder twice
         lane, needle = lane.split(), "row dgpo:0 is given twice"
         r = run(*lane)
+    elif " REFS=" in lane:
+        lane, refs = lane.split(" REFS=")
+        r = run(lane, REFS=refs)
     else:
         r = run(lane)
     assert r.returncode == 2 and needle in r.stderr
