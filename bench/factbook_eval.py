@@ -4,7 +4,8 @@ For each model and split: EM, F1, EM per question type and per hop count, ARC (h
 search steps, invalid-action rate), the parameter count, and the per-question EM in file order
 (so two rows can be compared question by question: the paired bootstrap in bench/table1.py).
 Rows are appended to a JSONL file; a (model name, split) already there is skipped, so a cut
-call resumes.
+call resumes. A model that cannot be loaded is named on stderr and the others are still
+evaluated; the exit status is then 1.
 
     python bench/factbook_eval.py --data out/factbookqa --out out/eval/rows.jsonl \
         --model teacher=out/runs/factbook-teacher-sft/checkpoints/best \
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -66,12 +68,18 @@ def main() -> None:
     done = done_rows(out)
     retriever = open_retriever(str(data / "corpus.jsonl"))
     splits = [s for s in args.splits.split(",") if s]
+    failed = []
     for spec in args.model:
         name, _, path = spec.partition("=")
         todo = [s for s in splits if (name, s) not in done]
         if not todo:
             continue
-        model, tokenizer = load_lm(path)
+        try:
+            model, tokenizer = load_lm(path)
+        except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not cost the others their rows
+            print(f"error: {name}: cannot load {path}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            failed.append(name)
+            continue
         model.to("cuda" if torch.cuda.is_available() else "cpu").to(torch.bfloat16)
         for split in todo:
             examples = read_qa(str(data / f"{split}.jsonl"), limit=args.limit)
@@ -83,6 +91,8 @@ def main() -> None:
                   f"hit {row['hit_ratio']:.3f} searches {row['search_steps']:.2f} {row['seconds']} s", flush=True)
         del model
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if failed:
+        sys.exit(f"not evaluated: {', '.join(failed)} (the others' rows are in {out})")
 
 
 if __name__ == "__main__":
