@@ -4,8 +4,8 @@ For each model and split: EM, F1, EM per question type and per hop count, ARC (h
 search steps, invalid-action rate), the parameter count, and the per-question EM in file order
 (so two rows can be compared question by question: the paired bootstrap in bench/table1.py).
 Rows are appended to a JSONL file; a (model name, split) already there is skipped, so a cut
-call resumes. A model that cannot be loaded is named on stderr and the others are still
-evaluated; the exit status is then 1.
+call resumes. A model that cannot be loaded or evaluated is named on stderr and the others are
+still evaluated; the exit status is then 1.
 
     python bench/factbook_eval.py --data out/factbookqa --out out/eval/rows.jsonl \
         --model teacher=out/runs/factbook-teacher-sft/checkpoints/best \
@@ -55,13 +55,30 @@ def evaluate(model, tokenizer, examples, retriever, args) -> dict:
     return evaluate_split(model, tokenizer, examples, retriever, config)
 
 
+def evaluate_model(name: str, path: str, splits: list[str], data: Path, out: Path, retriever, args) -> None:
+    """One model's rows, each appended (one line, one write) as soon as its split is done."""
+    import torch
+
+    from dgpo_edge.datasets import read_qa
+    from dgpo_edge.train.models import load_lm
+
+    model, tokenizer = load_lm(path)
+    model.to("cuda" if torch.cuda.is_available() else "cpu").to(torch.bfloat16)
+    for split in splits:
+        examples = read_qa(str(data / f"{split}.jsonl"), limit=args.limit)
+        row = {"method": name, "split": split, "model": path, "card": args.card, "commit": args.commit}
+        row.update(evaluate(model, tokenizer, examples, retriever, args))
+        with out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{name} {split}: EM {row['em']:.3f} (n={row['n']}) by type {row['em_by_type']} "
+              f"hit {row['hit_ratio']:.3f} searches {row['search_steps']:.2f} {row['seconds']} s", flush=True)
+
+
 def main() -> None:
     args = parse_args()
     import torch
 
-    from dgpo_edge.datasets import read_qa
     from dgpo_edge.train.evaluation import open_retriever
-    from dgpo_edge.train.models import load_lm
 
     data, out = Path(args.data), Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -75,22 +92,12 @@ def main() -> None:
         if not todo:
             continue
         try:
-            model, tokenizer = load_lm(path)
-        except Exception as e:  # noqa: BLE001 - one unreadable checkpoint must not cost the others their rows
-            print(f"error: {name}: cannot load {path}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            evaluate_model(name, path, todo, data, out, retriever, args)
+        except Exception as e:  # noqa: BLE001 - one bad checkpoint (or an OOM) must not cost the others their rows
+            print(f"error: {name}: {path}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             failed.append(name)
-            continue
-        model.to("cuda" if torch.cuda.is_available() else "cpu").to(torch.bfloat16)
-        for split in todo:
-            examples = read_qa(str(data / f"{split}.jsonl"), limit=args.limit)
-            row = {"method": name, "split": split, "model": path, "card": args.card, "commit": args.commit}
-            row.update(evaluate(model, tokenizer, examples, retriever, args))
-            with out.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-            print(f"{name} {split}: EM {row['em']:.3f} (n={row['n']}) by type {row['em_by_type']} "
-                  f"hit {row['hit_ratio']:.3f} searches {row['search_steps']:.2f} {row['seconds']} s", flush=True)
-        del model
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     if failed:
         sys.exit(f"not evaluated: {', '.join(failed)} (the others' rows are in {out})")
 

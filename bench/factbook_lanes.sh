@@ -31,8 +31,9 @@
 # PACK="RUN..." then writes each named run's last checkpoint (an RL or KD run folder under out/runs,
 # checkpoints/last) as Q8_0 GGUF pieces that a device call can return (bench/factbook_rows.sh pack:
 # out/pack/RUN.q8_0.gguf.partNN + sha256), for the laptop; at most 10 minutes each.
-# A row that fails stops the rows chained after it (+), and the command's status is then 1
-# (out/logs/lanes.failed names them); a row stopped by the deadline has not failed.
+# A row that fails stops the rows chained after it (+). The command's status is 1 when a row, the
+# teacher, the references or a last evaluation failed (out/logs/lanes.failed names them); what the
+# deadline stopped has not failed.
 # Logs: out/logs/lanes-*.log and out/logs/rl-*.log; out/logs/lanes.done once everything has ended.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,21 +73,23 @@ done
 # The teacher trains on the first lane's GPU while the rows that need none (ppo, grpo) already run;
 # the others wait for it. Runs are compared at equal steps (report.jsonl), not at equal wall time.
 teacher_state=out/logs/lanes-teacher.state
-rm -f $teacher_state out/logs/lanes.done
+failed=out/logs/lanes.failed   # what failed (rows, the teacher, an evaluation): the status is then 1
+rm -f $teacher_state $failed out/logs/lanes.done
 if [ "${SKIP_PREP:-0}" != 1 ]; then
   log "start"; bash $rows start > out/logs/lanes-start.log 2>&1 || { log "start failed (out/logs/lanes-start.log)"; exit 1; }
   log "teacher"
   ( if CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$(left)" bash $rows teacher > out/logs/lanes-teacher.log 2>&1; then
-      echo ok; else echo failed; fi \
+      echo ok; else echo failed; echo teacher >> $failed; fi \
       > $teacher_state
     l=$(left)
-    refs=${REFS-teacher kd base}
-    if [ "$(cat $teacher_state)" = ok ] && [ "$l" -gt 60 ] && [ -n "$refs" ]; then
+    read -ra refs <<< "${REFS-teacher kd base}"
+    if [ "$(cat $teacher_state)" = ok ] && [ "$l" -gt 60 ] && [ ${#refs[@]} -gt 0 ]; then
       log "evaluating the references"
-      # shellcheck disable=SC2086 # REFS is a list of names
-      CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$l" bash $rows eval out/eval/lanes-ref.jsonl test,dev $refs \
+      CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$l" bash $rows eval out/eval/lanes-ref.jsonl test,dev "${refs[@]}" \
         > out/logs/lanes-ref.log 2>&1
-      log "references evaluated (status $?)"
+      status=$?
+      log "references evaluated (status $status)"
+      [ $status = 0 ] || [ $status = 124 ] || echo "references" >> $failed
     fi ) &
 else
   echo ok > $teacher_state
@@ -105,18 +108,19 @@ run_row() {  # GPU METHOD SEED [VARIANT]
   if [ -n "${4:-}" ]; then read -ra extra <<< "$(printenv "VARIANT_$4")"; tag=${TAG:+$TAG-}$4; fi
   case $2 in kd_*) args=${KD_ARGS:-} ;; *) args=${ROW_ARGS:-} ;; esac   # the two trainers take other keys
   log "gpu $1: $row for up to $l s"
+  # TERM at the deadline, KILL 30 s later for a row that does not stop (stuck in CUDA, say)
   # shellcheck disable=SC2086 # args is a list of overrides
-  CUDA_VISIBLE_DEVICES=$1 TAG=$tag timeout --signal=TERM "$l" bash $rows row "$2" "$3" $args "${extra[@]}" \
+  CUDA_VISIBLE_DEVICES=$1 TAG=$tag timeout -k 30 --signal=TERM "$l" bash $rows row "$2" "$3" $args "${extra[@]}" \
     > "out/logs/rl-$2${tag:+-$tag}-s$3.log" 2>&1
   local status=$?
   log "gpu $1: $row ended (status $status)"
-  # 124: stopped by the deadline (it resumes from its checkpoint next time), not a failure
-  [ $status = 0 ] || [ $status = 124 ] || { echo "$row" >> $failed; return 1; }
+  # stopped by the deadline (124, or 137 when it had to be killed): it resumes from its checkpoint
+  # next time, so not a failure
+  [ $status = 0 ] || [ $status = 124 ] || { [ $status = 137 ] && [ "$(left)" -le 0 ]; } \
+    || { echo "$row" >> $failed; return 1; }
 }
 # A row that fails stops its chain: the rows after it may need what it makes (teacher_ppo, then
 # DGPO from that teacher), and the status of the whole command is then 1.
-failed=out/logs/lanes.failed
-rm -f $failed
 for todo in "${chains[@]}"; do
   read -r gpu chain <<< "$todo"
   IFS=+ read -ra specs <<< "$chain"
@@ -140,12 +144,12 @@ for run in ${PACK:-}; do
     timeout 600 bash $rows pack "$run" > "out/logs/lanes-pack-$run.log" 2>&1; log "packed $run (status $?)"
   else log "not packed: $run has no checkpoint"; fi
 done
-finish() {  # status 1 when a row failed (out/logs/lanes.failed lists them)
+finish() {  # status 1 when something failed (out/logs/lanes.failed lists it)
   [ -s $failed ] || exit 0
-  log "failed rows: $(paste -sd, $failed) (out/logs/rl-*.log)"; exit 1
+  log "failed: $(paste -sd, $failed) (out/logs/lanes-*.log, out/logs/rl-*.log)"; exit 1
 }
 if [ "${EVAL_LAST:-1}" = 0 ]; then log "done"; touch out/logs/lanes.done; finish; fi
-# the teacher only when it trained (a model that fails to load ends its GPU's share), and last
+# the teacher only when it trained, and last
 names=(kd)
 for d in out/runs/rl-*/checkpoints/last out/runs/kd-*/checkpoints/last; do
   [ -d "$d" ] && names+=("$(basename "$(dirname "$(dirname "$d")")")"); done
@@ -154,8 +158,10 @@ log "evaluating ${names[*]}"
 for i in "${!gpus[@]}"; do
   share=()
   for j in "${!names[@]}"; do (( j % ${#gpus[@]} == i )) && share+=("${names[$j]}"); done
-  [ ${#share[@]} -gt 0 ] && CUDA_VISIBLE_DEVICES=${gpus[$i]} bash $rows eval out/eval/lanes-test.jsonl test "${share[@]}" \
-    > "out/logs/lanes-eval-$i.log" 2>&1 &
+  [ ${#share[@]} -gt 0 ] || continue
+  ( CUDA_VISIBLE_DEVICES=${gpus[$i]} bash $rows eval out/eval/lanes-test.jsonl test "${share[@]}" \
+      > "out/logs/lanes-eval-$i.log" 2>&1 || { echo "evaluation on gpu ${gpus[$i]}" >> $failed
+                                                log "evaluation on gpu ${gpus[$i]} failed (out/logs/lanes-eval-$i.log)"; } ) &
 done
 wait
 grep -h " EM " out/logs/lanes-eval-*.log | tee -a out/logs/lanes.log

@@ -164,7 +164,9 @@ def run_turns(model, tokenizer, prefixes, new_tokens: int, turns: int, check_eve
     """The shape of a random-weight RL rollout (bench/rl_cost.py): `turns` sampled turns of
     `new_tokens` each, every turn's prefix the last one's plus its tokens and the protocol's
     invalid-action feedback, each turn a fresh `decode` call (its prefill over the whole prefix,
-    as rollouts make it). The engine's defaults; the first pass (captures) is timed apart."""
+    as rollouts make it). The engine's defaults; the first pass (captures) is timed apart. Its
+    step_ms includes each turn's prefill."""
+    import torch
     from dgpo_edge.train.decoding import RolloutSampling
     from dgpo_edge.train.fast_decode import FastDecoder
 
@@ -188,6 +190,8 @@ def run_turns(model, tokenizer, prefixes, new_tokens: int, turns: int, check_eve
         return walls, n, [len(r) for r in rows]
 
     first, _, _ = episode()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()   # this row's own peak
     walls, n, lengths = episode()
     wall = sum(walls)
     return _report(wall, n, turns * new_tokens) | {

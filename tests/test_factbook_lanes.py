@@ -92,7 +92,7 @@ def test_a_failed_row_stops_its_chain_and_the_command_fails(lanes):
     rows = [c.split(" |")[0] for c in (root / "out" / "calls.log").read_text().splitlines() if c.startswith("row ")]
     assert sorted(rows) == ["row grpo 0", "row ppo 0", "row teacher_ppo 0"]
     log = (root / "out" / "logs" / "lanes.log").read_text()
-    assert "not started after teacher_ppo s0 failed: dgpo:0:rlt" in log and "failed rows: teacher_ppo s0" in log
+    assert "not started after teacher_ppo s0 failed: dgpo:0:rlt" in log and "failed: teacher_ppo s0 (" in log
     assert (root / "out" / "logs" / "lanes.failed").read_text().split("\n")[0] == "teacher_ppo s0"
     assert (root / "out" / "logs" / "lanes.done").is_file()
 
@@ -106,10 +106,22 @@ def test_the_last_evaluations_take_every_run_and_the_teacher_only_if_it_trained(
         stub = (root / "bench" / "factbook_rows.sh").read_text().replace("case $1 in", "case $1 in\n  teacher) exit 1 ;;", 1)
         (root / "bench" / "factbook_rows.sh").write_text(stub)
     r = run("0=ppo:0", REFS="", EVAL_LAST="1")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == (0 if teacher_ok else 1), r.stderr    # a failed teacher fails the command
+    assert teacher_ok or (root / "out" / "logs" / "lanes.failed").read_text() == "teacher\n"
     evals = [c.split(" |")[0].split()[3:] for c in (root / "out" / "calls.log").read_text().splitlines()
              if c.startswith("eval out/eval/lanes-test.jsonl")]
     assert evals == [["kd", "rl-dgpo-s0", "kd-jsd-s0"] + (["teacher"] if teacher_ok else [])]
+
+
+def test_a_failed_last_evaluation_fails_the_command(lanes):
+    root, run = lanes
+    (root / "out" / "runs" / "rl-ppo-s0" / "checkpoints" / "last").mkdir(parents=True)
+    stub = (root / "bench" / "factbook_rows.sh").read_text().replace("case $1 in", "case $1 in\n  eval) exit 1 ;;", 1)
+    (root / "bench" / "factbook_rows.sh").write_text(stub)
+    r = run("0=ppo:0", REFS="", EVAL_LAST="1")
+    assert r.returncode == 1
+    assert (root / "out" / "logs" / "lanes.failed").read_text() == "evaluation on gpu 0\n"
+    assert (root / "out" / "logs" / "lanes.done").is_file()
 
 
 def test_pack_writes_the_named_runs_that_have_a_checkpoint(lanes):
