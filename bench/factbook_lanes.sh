@@ -41,6 +41,9 @@ minutes=${1:?usage: bench/factbook_lanes.sh MINUTES GPU=METHOD:SEED[:VARIANT][,|
 [ $# -gt 0 ] || { echo "error: give at least one lane, e.g. 0=dgpo:0,ppo:0" >&2; exit 2; }
 deadline=$(( $(date +%s) + minutes * 60 ))
 left() { echo $(( deadline - $(date +%s) )); }
+# A job's status: ended well, or stopped by the deadline (timeout's 124, or 137 when it had to be
+# killed) - it resumes from its checkpoint next time, so that is not a failure.
+ok_or_deadline() { [ "$1" = 0 ] || [ "$1" = 124 ] || { [ "$1" = 137 ] && [ "$(left)" -le 0 ]; }; }
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a out/logs/lanes.log; }
 rows=bench/factbook_rows.sh
 mkdir -p out/logs out/eval
@@ -89,7 +92,7 @@ if [ "${SKIP_PREP:-0}" != 1 ]; then
         > out/logs/lanes-ref.log 2>&1
       status=$?
       log "references evaluated (status $status)"
-      [ $status = 0 ] || [ $status = 124 ] || echo "references" >> $failed
+      ok_or_deadline $status || echo "references" >> $failed
     fi ) &
 else
   echo ok > $teacher_state
@@ -114,10 +117,7 @@ run_row() {  # GPU METHOD SEED [VARIANT]
     > "out/logs/rl-$2${tag:+-$tag}-s$3.log" 2>&1
   local status=$?
   log "gpu $1: $row ended (status $status)"
-  # stopped by the deadline (124, or 137 when it had to be killed): it resumes from its checkpoint
-  # next time, so not a failure
-  [ $status = 0 ] || [ $status = 124 ] || { [ $status = 137 ] && [ "$(left)" -le 0 ]; } \
-    || { echo "$row" >> $failed; return 1; }
+  ok_or_deadline $status || { echo "$row" >> $failed; return 1; }
 }
 # A row that fails stops its chain: the rows after it may need what it makes (teacher_ppo, then
 # DGPO from that teacher), and the status of the whole command is then 1.
