@@ -175,6 +175,7 @@ def main() -> None:
     ap.add_argument("--position", type=int, default=384, help="cache columns already written")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--commit", default="", help="recorded in the results (the GPU machine's copy has no git)")
     args = ap.parse_args()
 
     import torch
@@ -189,7 +190,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     model = rollout.build_model(args.shape, len(tokenizer), torch.bfloat16, "cuda")
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape,
+    res = {"card": torch.cuda.get_device_name(), "commit": args.commit, "torch": torch.__version__, "shape": args.shape,
            "batch": args.batch, "cache_length": args.length, "position": args.position, "ms": {}}
     with torch.inference_mode():
         for label, options in VARIANTS.items():
