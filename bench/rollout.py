@@ -11,9 +11,10 @@ reference engine agree token for token on a tiny fp32 model, greedy and sampled.
 
     python bench/rollout.py --tokenizer device/qwen2 --batch 256 --new-tokens 256 --out result.json
 
-With `--turns 5 --new-tokens 500` one more row decodes the way an RL rollout at the paper's shape
-does (bench/rl_cost.py: five 500-token turns over a growing context, a prefill each turn), the
-like-for-like standalone figure for the rollout tokens/s measured inside RL.
+With `--turns 5 --new-tokens 500` two more rows decode the way an RL rollout at the paper's shape
+does (bench/rl_cost.py: five 500-token turns over a growing context), the like-for-like standalone
+figure for the rollout tokens/s measured inside RL: one prefilling the whole conversation each
+turn, one keeping the engine's cache between turns (`resume`, the rollouts' `reuse_cache`).
 
 Runs from a source checkout without installing (the device machine has torch
 and transformers but not this package).
@@ -160,12 +161,13 @@ def run_fast(model, tokenizer, prefixes, new_tokens: int, check_every: int, gree
     return rep | {"tokens": [o.ids for o in outs]}
 
 
-def run_turns(model, tokenizer, prefixes, new_tokens: int, turns: int, check_every: int) -> dict:
+def run_turns(model, tokenizer, prefixes, new_tokens: int, turns: int, check_every: int,
+              resume: bool = False) -> dict:
     """The shape of a random-weight RL rollout (bench/rl_cost.py): `turns` sampled turns of
     `new_tokens` each, every turn's prefix the last one's plus its tokens and the protocol's
-    invalid-action feedback, each turn a fresh `decode` call (its prefill over the whole prefix,
-    as rollouts make it). The engine's defaults; the first pass (captures) is timed apart. Its
-    step_ms includes each turn's prefill."""
+    invalid-action feedback, each turn a `decode` call: its prefill over the whole prefix, or with
+    `resume` over what the turn appended (the engine keeps its cache). The engine's defaults; the
+    first pass (captures) is timed apart. Its step_ms includes each turn's prefill."""
     import torch
     from dgpo_edge.train.decoding import RolloutSampling
     from dgpo_edge.train.fast_decode import FastDecoder
@@ -182,7 +184,7 @@ def run_turns(model, tokenizer, prefixes, new_tokens: int, turns: int, check_eve
         for _ in range(turns):
             _sync()
             t0 = time.perf_counter()
-            outs = engine.decode(rows, [new_tokens] * len(rows), sampling, gen)
+            outs = engine.decode(rows, [new_tokens] * len(rows), sampling, gen, resume=resume and walls != [])
             _sync()
             walls.append(time.perf_counter() - t0)
             n += sum(len(o.ids) for o in outs)
@@ -279,7 +281,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="timed calls per row (the median is reported)")
     ap.add_argument("--turns", type=int, default=0,
                     help="also decode TURNS sampled turns of --new-tokens each over a growing prefix, "
-                         "as a random-weight RL rollout does (row fast_sampled_TURNSturns)")
+                         "as a random-weight RL rollout does: a whole prefill each turn (row "
+                         "fast_sampled_TURNSturns) and the cache kept between turns (..._kept_cache)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--commit", default="", help="recorded in the results (the GPU machine's copy has no git)")
     args = ap.parse_args()
@@ -321,8 +324,9 @@ def main() -> None:
             r[f"speedup_{name}_vs_before"] = round(
                 r[f"fast_{name}"]["tokens_per_s"] / r[f"fast_{name}_before"]["tokens_per_s"], 2)
         if args.turns:
-            r[f"fast_sampled_{args.turns}turns"] = run_turns(model, tokenizer, pre, args.new_tokens, args.turns,
-                                                            args.check_every)
+            for resume, tag in ((False, ""), (True, "_kept_cache")):
+                r[f"fast_sampled_{args.turns}turns{tag}"] = run_turns(
+                    model, tokenizer, pre, args.new_tokens, args.turns, args.check_every, resume=resume)
         r["agreement_greedy_before"] = agreement(r["fast_greedy_before"]["tokens"], r["fast_greedy"]["tokens"])
         r["static_cache_no_graphs_greedy"] = run_fast(model, tokenizer, pre, args.new_tokens, args.check_every,
                                                       greedy=True, cuda_graphs=False)

@@ -43,3 +43,27 @@ def test_turns_grow_the_prefix_by_each_turns_tokens_and_the_feedback(bench, smol
     # every turn adds the feedback and at least the one token a turn always decodes
     assert lo >= min(map(len, prefixes)) + 3 * (feedback + 1)
     assert hi <= max(map(len, prefixes)) + 3 * (feedback + 6)
+
+
+def test_turns_with_the_cache_kept_decode_the_same_tokens(bench, smol_tok, monkeypatch):
+    # The resumed row is the same work: the same sampled tokens call by call, with the cache kept
+    # in every turn after each pass's first.
+    from dgpo_edge.train.fast_decode import FastDecoder
+
+    model = tiny_model("llama", len(smol_tok), seed=5)
+    prefixes = bench.prompts(smol_tok, 4)
+    calls = []
+    real = FastDecoder.decode
+
+    def spy(self, rows, *a, resume=False):
+        outs = real(self, rows, *a, resume=resume)
+        calls.append((resume, [o.ids for o in outs]))
+        return outs
+
+    monkeypatch.setattr(FastDecoder, "decode", spy)
+    whole = bench.run_turns(model, smol_tok, prefixes, new_tokens=6, turns=3, check_every=4)
+    fresh, calls[:] = list(calls), []
+    kept = bench.run_turns(model, smol_tok, prefixes, new_tokens=6, turns=3, check_every=4, resume=True)
+    assert kept["final_context"] == whole["final_context"]
+    assert [ids for _, ids in calls] == [ids for _, ids in fresh]    # two passes of three turns
+    assert [r for r, _ in calls] == [False, True, True] * 2 and not any(r for r, _ in fresh)

@@ -253,6 +253,22 @@ def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
                 assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-4, abs=1e-6), key
 
 
+def test_a_run_keeping_the_cache_between_turns_logs_the_same_metrics(toy, tmp_path):
+    # rollout.reuse_cache reaches the engine and changes nothing the run computes (the toy searches,
+    # so episodes have later turns; the fast engine on CPU).
+    from dgpo_edge.train.rl.loop import RLTrainer
+
+    runs = {}
+    for reuse in (False, True):
+        out = tmp_path / f"reuse-{reuse}"
+        config = write_rl_config(toy, out, optim={"steps": 2}, rollout={"engine": "fast", "reuse_cache": reuse})
+        assert RLTrainer(load_rl_config("dgpo", config)).rollout_config.reuse_cache is reuse
+        run_rl(load_rl_config("dgpo", config))
+        runs[reuse] = rows(out)
+    assert float(runs[True][0]["searches"]) > 0
+    assert_same_metrics(runs[True], runs[False])
+
+
 def test_collapse_stop_ends_the_run(toy, tmp_path):
     out = tmp_path / "collapse"
     # A hair-trigger watch: any step below the best one-step average stops the run.

@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 import test_rollout_support as support  # noqa: E402
 import torch  # noqa: E402
 from dgpo_edge.train.decoding import PlainDecoder, RolloutSampling, StopScanner, sample_next  # noqa: E402
+from dgpo_edge.train import fast_decode  # noqa: E402
 from dgpo_edge.train.fast_decode import FastDecoder  # noqa: E402
 from dgpo_edge.train.rollout import RolloutConfig, evaluate_em, generate_rollouts, observation_blocks  # noqa: E402
 from test_rollout_support import EPISODES, tiny_model  # noqa: E402
@@ -353,6 +354,82 @@ def test_fast_engine_grows_its_cache_across_calls(random_llama, smol_tok):
         want = plain.decode(prefixes, [new] * len(prefixes), g, None)
         assert [o.ids for o in got] == [o.ids for o in want]
         assert all(len(o.ids) == new for o in got)
+
+
+def _turns(engine, turns, sampling, resume):
+    """Play `turns` = [(kept rows, appended tokens, max_new per row), ...] as an episode loop does:
+    each turn's prefixes are the kept rows' last prefix + its output + the appended tokens."""
+    gen = torch.Generator(device=engine.model.device).manual_seed(3)
+    prefixes, outs = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17], [18]], []
+    for t, (keep, extra, new) in enumerate(turns):
+        if t:
+            prefixes = [prefixes[i] + outs[i].ids + extra[j] for j, i in enumerate(keep)]
+        outs = engine.decode(prefixes, new, sampling, gen, **({"resume": True} if resume and t else {}))
+        yield prefixes, outs
+
+
+# Four turns: every row, then rows dropping out (so the cache rows are gathered), budgets that
+# differ per row (so each row's unused slots differ), and appended blocks of several lengths.
+TURNS = [(None, None, [6, 3, 8, 1]),
+         ([0, 1, 2, 3], [[40, 41], [42], [43, 44, 45, 46, 47], [48]], [5, 7, 2, 4]),
+         ([0, 2, 3], [[50], [51, 52, 53], [54, 55]], [9, 1, 6]),
+         ([1, 2], [[60, 61, 62], [63]], [4, 8])]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("sampling", [RolloutSampling(greedy=True), RolloutSampling(temperature=1.0)])
+def test_resumed_turns_equal_the_plain_engine_over_whole_prefixes(random_llama, smol_tok, monkeypatch, sampling, device):
+    # With resume=True the fast engine prefills only what each row appended, over the cache of its
+    # earlier turns (grown twice here: length bucket 16); the tokens and log-probs are the plain
+    # engine's, which reads every whole prefix again. On a GPU: CUDA graphs and the CUDA defaults.
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("the CUDA-graph engine needs a GPU")
+        random_llama = copy.deepcopy(random_llama).to("cuda")
+    eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), check_every=4, length_bucket=16)
+    prefilled = []
+    real = eng._prefill
+    monkeypatch.setattr(eng, "_prefill", lambda ids, *a: prefilled.append(ids.shape[1]) or real(ids, *a))
+    plain = PlainDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())
+    for (prefixes, got), (same, want) in zip(_turns(eng, TURNS, sampling, True), _turns(plain, TURNS, sampling, False)):
+        assert prefixes == same
+        assert [o.ids for o in got] == [o.ids for o in want]
+        assert all(abs(a - b) < 1e-4 for g, w in zip(got, want) for a, b in zip(g.logprobs, w.logprobs))
+    # The later turns prefilled the appended tokens and the last sampled one, not the prefixes.
+    assert prefilled == [7, 6, 4, 4]
+    assert eng._alloc_shape[1] > 16
+
+
+def test_a_prefix_that_does_not_extend_the_last_call_is_prefilled_whole(random_llama, smol_tok):
+    eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), check_every=4, length_bucket=16)
+    plain = PlainDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())
+    g = RolloutSampling(greedy=True)
+    first = eng.decode([[5, 6, 7], [8, 9]], [4, 4], g, None)
+    # Row 1 is edited (not an extension), so the call cannot keep the cache; the answer is the same.
+    prefixes = [[5, 6, 7] + first[0].ids + [30], [8, 2] + first[1].ids + [31]]
+    assert [o.ids for o in eng.decode(prefixes, [5, 5], g, None, resume=True)] == \
+        [o.ids for o in plain.decode(prefixes, [5, 5], g, None)]
+    assert eng._kept.start == max(map(len, prefixes))   # prefilled from column 0
+    # A resumed call with rows out of the last call's order falls back the same way.
+    swapped = [prefixes[1] + [1], prefixes[0] + [2]]
+    assert [o.ids for o in eng.decode(swapped, [3, 3], g, None, resume=True)] == \
+        [o.ids for o in plain.decode(swapped, [3, 3], g, None)]
+
+
+@pytest.mark.parametrize("sampling", [{"greedy": True}, {"temperature": 1.0, "seed": 11}])
+def test_rollouts_with_the_cache_kept_between_turns_are_the_same_rollouts(memorized, smol_tok, retriever, sampling,
+                                                                        monkeypatch):
+    # The memorizer searches, reads the observation and answers: real multi-turn episodes.
+    cfg = _cfg(engine="fast", check_every=5, **sampling)
+    base = generate_rollouts(memorized, smol_tok, QUESTIONS, None, retriever, cfg)
+    matched = []
+    real = fast_decode._match
+    monkeypatch.setattr(fast_decode, "_match", lambda *a: matched.append(real(*a)) or matched[-1])
+    kept = generate_rollouts(memorized, smol_tok, QUESTIONS, None, retriever, replace(cfg, reuse_cache=True))
+    assert _sig(kept) == _sig(base)
+    assert kept[0].n_searches == 1 and matched and all(m is not None for m in matched)
+    for a, b in zip(base, kept):
+        assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0) < 1e-4
 
 
 # --- the real Qwen vocabulary --------------------------------------------------------------

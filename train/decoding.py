@@ -297,7 +297,9 @@ class PlainDecoder:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     def decode(self, prefixes: Sequence[Sequence[int]], max_new: Sequence[int], sampling: RolloutSampling,
-               generator: Any) -> list[TurnOutput]:
+               generator: Any, resume: bool = False) -> list[TurnOutput]:
+        """One turn for every row (`resume` is accepted for the fast engine's sake: this one keeps
+        no cache between calls)."""
         import torch
 
         device = next(self.model.parameters()).device

@@ -41,6 +41,17 @@ to 83,853 tokens/s on one H200:
 - **A transposed LM head** (`lm_head`): a [hidden, vocab] copy of the head's weight, for which
   cuBLAS picks a faster kernel.
 
+**The cache kept between turns** (`decode(..., resume=True)`): an episode's next turn
+is its last prefix, the tokens it generated and an observation. Re-reading all of that
+costs a prefill over the whole conversation each turn (about a third of a five-turn
+episode at the paper's shape, docs/benchmarks.md). With `resume=True` the engine checks
+that every prefix extends one of the rows it decoded last call (the same rows or a subset,
+in order) and then keeps their cache: rows are gathered, the slots a row wrote after its
+kept tokens are masked, and only the appended tokens are prefilled, at the columns after
+the last call's. Any prefix that does not match falls back to the full prefill. Only
+the caller knows that the weights did not change between the calls, so it is never
+implied.
+
 With `layers="model"` the layers' own modules (norms, projections, MLP, rotary
 embedding) are called; the compiled functions compute the same math from the
 same weight tensors. Only attention and the cache are ours. Llama and Qwen2
@@ -115,6 +126,16 @@ class _State:
     values: list
 
 
+@dataclass
+class _Kept:
+    """What the cache holds after a call, for the next call's `resume`."""
+
+    ids: list[list[int]]   # per cache row: the tokens whose keys and values it holds
+    fed: list[int]         # per cache row: how many of the call's generated tokens were written
+    start: int             # the call's first decode column (its prompts end before it)
+    end: int               # the first column no row has written
+
+
 class FastDecoder:
     """Batched turn decoding with a static cache and (on CUDA) a graph-captured step."""
 
@@ -154,6 +175,7 @@ class FastDecoder:
         self._graphs: dict[tuple, Any] = {}
         self._pool = None
         self._vocab = model.get_output_embeddings().weight.shape[0]
+        self._kept: _Kept | None = None   # the last call's rows, for `resume`
 
     def _layer_kernels(self, model: Any, layers: str) -> Any:
         """train/fast_layers.py's functions for the layers, or None to call the modules."""
@@ -170,14 +192,16 @@ class FastDecoder:
         return fast_layers.LayerKernels(model, compiled=layers == "compiled" and cuda)
 
     # -- buffers ------------------------------------------------------------------------
-    def _ensure_buffers(self, batch: int, length: int) -> None:
-        """Allocate (or grow) the cache and step buffers; growing drops captured graphs."""
+    def _ensure_buffers(self, batch: int, length: int, keep: bool = False) -> None:
+        """Allocate (or grow) the cache and step buffers; growing drops captured graphs.
+        `keep` copies the cache and its bias into the grown buffers (a resumed call)."""
         import torch
 
         b0, s0 = self._alloc_shape
         if batch <= b0 and length <= s0:
             return
         batch, length = max(batch, b0), max(length, s0)
+        old = {k: self._buffers[k] for k in ("keys", "values", "bias")} if keep and self._buffers else None
         self._buffers.clear()
         # Dropping the graphs frees their memory pool; a new pool is needed for the next
         # capture (capturing into the freed pool's handle trips an allocator assert).
@@ -200,6 +224,11 @@ class FastDecoder:
             "out_lp": torch.zeros((batch, self.check_every), dtype=torch.float32, device=dev),
         }
         self._alloc_shape = (batch, length)
+        if old is not None:
+            for name in ("keys", "values"):
+                for new, was in zip(self._buffers[name], old[name]):
+                    new[:b0, :, :s0].copy_(was)
+            self._buffers["bias"][:b0, :s0].copy_(old["bias"])
 
     def _state(self, batch: int, length: int) -> _State:
         b = self._buffers
@@ -218,30 +247,41 @@ class FastDecoder:
         cos, sin = cos[:, None], sin[:, None]
         return fast_layers.rope(q, cos, sin), fast_layers.rope(k, cos, sin), v
 
-    def _prefill(self, ids: Any, valid: Any, st: _State) -> Any:
-        """Run the prompts through the model, fill the cache; logits of the last position."""
+    def _prefill(self, ids: Any, valid: Any, st: _State, start: int = 0, pos0: Any = None) -> Any:
+        """Run the prompts through the model into cache columns [start, start + width); logits
+        of the last position. With `start` > 0 (a resumed call) they also attend to the cached
+        columns before `start` that the bias leaves open, and row r's positions begin at pos0[r]."""
         import torch
         import torch.nn.functional as F
 
         m = self.model.model
         bsz, width = ids.shape
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        if pos0 is not None:
+            pos = pos + pos0[:, None]
+        ctx = start + width
         causal = torch.ones((width, width), dtype=torch.bool, device=ids.device).tril()
         eye = torch.eye(width, dtype=torch.bool, device=ids.device)
-        rows = max(1, self.prefill_elements // (width * width))
+        rows = max(1, self.prefill_elements // (width * ctx))
         logits = []
         groups = self.n_heads // self.n_kv
         for r0 in range(0, bsz, rows):
             sl = slice(r0, min(bsz, r0 + rows))
             # Padding queries attend to themselves so no row of the softmax is empty (no NaN).
-            mask = ((causal[None] & valid[sl, None, :]) | eye[None])[:, None]
+            mask = (causal[None] & valid[sl, None, :]) | eye[None]
+            if start:
+                cached = (st.bias[sl, :start] == 0)[:, None, :].expand(-1, width, -1)
+                mask = torch.cat([cached, mask], dim=-1)
+            mask = mask[:, None]
             x = m.embed_tokens(ids[sl])
             cos, sin = m.rotary_emb(x, pos[sl])
             for i, layer in enumerate(m.layers):
                 h = layer.input_layernorm(x)
                 q, k, v = self._qkv(layer.self_attn, h, cos, sin)
-                st.keys[i][sl, :, :width] = k
-                st.values[i][sl, :, :width] = v
+                st.keys[i][sl, :, start:ctx] = k
+                st.values[i][sl, :, start:ctx] = v
+                if start:
+                    k, v = st.keys[i][sl, :, :ctx], st.values[i][sl, :, :ctx]
                 if groups > 1:
                     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
@@ -328,8 +368,9 @@ class FastDecoder:
 
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        # Start the warm-up from column 0, inside any bucket (earlier calls moved these on).
-        st.wpos.zero_()
+        # Warm up on the last two columns: inside the bucket (earlier calls moved these on), and
+        # past every column a resumed call keeps (they end before this call's prompts).
+        st.wpos.fill_(st.bias.shape[1] - 2)
         st.pos.zero_()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -346,42 +387,48 @@ class FastDecoder:
 
     # -- the public call ----------------------------------------------------------------------
     def decode(self, prefixes: Sequence[Sequence[int]], max_new: Sequence[int], sampling: RolloutSampling,
-               generator: Any) -> list[TurnOutput]:
+               generator: Any, resume: bool = False) -> list[TurnOutput]:
+        """One turn for every row. `resume=True` promises that the weights have not changed since
+        the last call; each prefix that extends one of its rows (in order) then keeps its cache."""
         import torch
 
         with torch.inference_mode():
-            return self._decode(prefixes, max_new, sampling, generator)
+            return self._decode(prefixes, max_new, sampling, generator, resume)
 
-    def _decode(self, prefixes, max_new, sampling, generator) -> list[TurnOutput]:
+    def _decode(self, prefixes, max_new, sampling, generator, resume) -> list[TurnOutput]:
         n = len(prefixes)
         rows = [self.scanner.start(mx) for mx in max_new]
         steps = max(max_new, default=0)
         if n == 0 or steps == 0:
             return [r.output() for r in rows]
         generator = None if sampling.greedy else turn_generator(generator, self.device)
-        width = max(len(p) for p in prefixes)
+        kept, self._kept = self._kept, None   # what this call leaves is recorded at its end
+        src = _match(kept, prefixes) if resume and kept is not None else None
+        start = kept.end if src is not None else 0
+        segments = [p[len(kept.ids[r]):] for p, r in zip(prefixes, src)] if src is not None else prefixes
+        width = max(len(p) for p in segments)
         batch = _pow2(n) if self.use_graphs else n
-        length = _bucket(width + steps, self.length_bucket)
-        self._ensure_buffers(batch, length)
+        length = _bucket(start + width + steps, self.length_bucket)
+        self._ensure_buffers(batch, length, keep=src is not None)
         self._refresh_lm_head()   # the weights may have changed since the last call (RL)
         st = self._state(batch, length)
-        # Capture before filling the cache: warm-up steps scribble on the buffers.
+        # Capture before filling the cache: warm-up steps scribble on the buffers (past `start`).
         run_step = self._runner(st, sampling, (batch, length, sampling)) if steps > 1 else None
+        pos0 = self._gather(kept, src, batch) if src is not None else None
 
         # Dummy rows (batch padding) get a one-token prompt so no softmax row is empty.
-        padded = list(prefixes) + [[self.pad_id]] * (batch - n)
+        padded = list(segments) + [[self.pad_id]] * (batch - n)
         ids, valid = left_pad(padded, self.pad_id, self.device)
         valid = valid.bool()
-        st.bias.fill_(float("-inf"))
-        st.bias[:, :width].masked_fill_(valid, 0.0)
-        logits = self._prefill(ids, valid, st)
+        st.bias[:, start:].fill_(float("-inf"))
+        st.bias[:, start:start + width].masked_fill_(valid, 0.0)
+        logits = self._prefill(ids, valid, st, start, pos0)
         noise = None if sampling.greedy else new_noise((batch, self._vocab), generator, self.device)
         tok, lp = self._sample(logits, sampling, noise)
         st.tok.copy_(tok)
-        st.pos.copy_(valid.long().sum(-1))
-        st.wpos.fill_(width)
-        first = (tok[:n, None].tolist(), lp[:n, None].tolist())
-        self._feed(rows, *first)
+        st.pos.copy_(valid.long().sum(-1) + (0 if pos0 is None else pos0))
+        st.wpos.fill_(start + width)
+        self._feed(rows, tok[:n, None].tolist(), lp[:n, None].tolist())
 
         done = 1
         while done < steps and not all(r.finish is not None for r in rows):
@@ -393,9 +440,45 @@ class FastDecoder:
                 run_step()
             done += chunk
             self._feed(rows, st.out_tok[:n, :chunk].tolist(), st.out_lp[:n, :chunk].tolist())
-        return [r.output() for r in rows]
+        outs = [r.output() for r in rows]
+        # The cache now holds each prompt and the generated tokens fed back before the last kept
+        # one (that one was sampled, and written only if the row went on stepping).
+        fed = [max(len(o.ids) - 1, 0) for o in outs]
+        self._kept = _Kept(ids=[list(p) + o.ids[:f] for p, o, f in zip(prefixes, outs, fed)], fed=fed,
+                           start=start + width, end=start + width + done - 1)
+        return outs
+
+    def _gather(self, kept: _Kept, src: list[int], batch: int) -> Any:
+        """Move the kept rows `src` to the front of the cache, mask the slots each wrote after
+        its kept tokens (and every slot of the dummy rows); their next positions."""
+        import torch
+
+        n, end, buf = len(src), kept.end, self._buffers   # whole buffers: src may lie past `batch`
+        if src != list(range(n)):
+            idx = torch.tensor(src, device=self.device)
+            for cache in (*buf["keys"], *buf["values"]):
+                cache[:n, :, :end] = cache[idx, :, :end]
+            buf["bias"][:n, :end] = buf["bias"][idx, :end]
+        fed = torch.tensor([kept.fed[r] for r in src], device=self.device)
+        cols = torch.arange(end, device=self.device)
+        buf["bias"][:n, :end].masked_fill_(cols[None, :] >= kept.start + fed[:, None], float("-inf"))
+        buf["bias"][n:batch, :end].fill_(float("-inf"))
+        return torch.tensor([len(kept.ids[r]) for r in src] + [0] * (batch - n), device=self.device)
 
     @staticmethod
     def _feed(rows: list, toks: list[list[int]], lps: list[list[float]]) -> None:
         for r, t, l in zip(rows, toks, lps):
             r.feed(t, l)
+
+
+def _match(kept: _Kept, prefixes: Sequence[Sequence[int]]) -> list[int] | None:
+    """For each prefix, in order, the next kept row it strictly extends; None if one has none."""
+    src, r = [], 0
+    for p in prefixes:
+        while r < len(kept.ids) and not (len(p) > len(kept.ids[r]) and list(p[:len(kept.ids[r])]) == kept.ids[r]):
+            r += 1
+        if r == len(kept.ids):
+            return None
+        src.append(r)
+        r += 1
+    return src

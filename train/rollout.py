@@ -51,7 +51,9 @@ class RolloutConfig:
     Batching: `batch_size` episodes per engine call; `engine` auto/fast/plain;
     `check_every` decode steps between the fast engine's stop checks;
     `attention`, `fused_sampling`, `layers` and `lm_head`: the fast engine's kernels
-    (train/fast_decode.py; the defaults are the fastest measured, docs/benchmarks.md).
+    (train/fast_decode.py; the defaults are the fastest measured, docs/benchmarks.md);
+    `reuse_cache`: an episode's later turns keep the fast engine's cache of its earlier ones and
+    prefill only what was appended (the observation), instead of the whole conversation.
     Prompt: `chat_template` wraps the instruction in the tokenizer's chat
     template when it has one (the released checkpoints' format).
     """
@@ -68,6 +70,7 @@ class RolloutConfig:
     fused_sampling: bool = True      # compiled sampling where the engine runs on CUDA (False: eager)
     layers: LayerChoice = "auto"     # auto: the layers' elementwise work fused by torch.compile on CUDA
     lm_head: LMHeadChoice = "auto"   # auto: a [hidden, vocab] copy of the LM head on CUDA
+    reuse_cache: bool = False        # later turns prefill only what was appended (fast engine)
     chat_template: bool = True
 
     def __post_init__(self) -> None:
@@ -213,12 +216,15 @@ def _play(episodes: list[Episode], engine: Any, tokenizer: Any, retriever: Retri
     the searches of a round.
     """
     sampling = config.sampling()
+    # The weights are fixed for the whole batch: its later turns may keep the engine's cache.
+    resume: dict = {}
     while True:
         rows = [(e, n) for e in episodes if not e.done and (n := e.turn_tokens()) > 0]
         if not rows:
             return
         t0 = time.perf_counter()
-        turns = engine.decode([e.ids for e, _ in rows], [n for _, n in rows], sampling, generator)
+        turns = engine.decode([e.ids for e, _ in rows], [n for _, n in rows], sampling, generator, **resume)
+        resume = {"resume": True} if config.reuse_cache else {}
         t1 = time.perf_counter()
         searching: list[tuple[Episode, str]] = []
         for (e, _), turn in zip(rows, turns):

@@ -63,6 +63,9 @@ class RolloutSection:
     fused_sampling: bool = True
     layers: LayerChoice = "auto"    # auto: train/fast_layers.py through torch.compile on CUDA (else the modules)
     lm_head: LMHeadChoice = "auto"  # auto: a transposed copy of the LM head on CUDA
+    # An episode's later turns keep the fast engine's cache of the earlier ones and prefill only the
+    # appended observation, not the whole conversation (train/fast_decode.py).
+    reuse_cache: bool = False
 
 
 @dataclass

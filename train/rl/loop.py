@@ -197,7 +197,7 @@ class RLTrainer:
         self.rollout_config = RolloutConfig(
             protocol=c.protocol, temperature=r.temperature, top_p=r.top_p, batch_size=r.batch_size, engine=r.engine,
             attention=r.attention, fused_sampling=r.fused_sampling, layers=r.layers, lm_head=r.lm_head,
-            chat_template=c.data.chat_template)
+            reuse_cache=r.reuse_cache, chat_template=c.data.chat_template)
         self.rollout_copy = RolloutCopy(self.lm) if wants_copy(r.weights, self.acc) else None
         self.engine = make_engine(self.rollout_lm, self.tokenizer, self.rollout_config)
         self.blocks = observation_blocks(self.tokenizer)   # kept across steps: passages come back
