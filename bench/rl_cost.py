@@ -8,7 +8,8 @@ Qwen2.5-3B-shaped teacher, random weights, the real Qwen tokenizer, 512 prompts 
     python bench/rl_cost.py report                                    # the markdown for docs/benchmarks.md
 
 Speed settings to try at this shape (each its own --tag): --forward-batch 16 (fewer, larger
-no-grad passes), --no-checkpointing (the update without the recomputed forward, if memory allows).
+no-grad passes), --no-checkpointing (the update without the recomputed forward, if memory allows),
+--reuse-cache (rollout.reuse_cache: an episode's later turns prefill only the appended observation).
 
 Before and after the RL speed work, side by side on one card (`--variant before` decodes with the
 training weights, the two-matmul attention and eager sampling, as the first version did; the
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> None:
     config.ppo.micro_batch = args.micro_batch
     config.ppo.forward_batch = args.forward_batch
     config.optim.steps = args.steps
+    config.rollout.reuse_cache = args.reuse_cache
     config.log.tensorboard = False
     config.log.progress = False
     if args.variant == "before":
@@ -164,6 +166,8 @@ def main() -> None:
     ap.add_argument("--no-checkpointing", action="store_true",
                     help="train without gradient checkpointing (more memory, no recomputed forward)")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--reuse-cache", action="store_true",
+                    help="keep the rollout engine's cache between an episode's turns (rollout.reuse_cache)")
     ap.add_argument("--tag", default="1gpu")
     ap.add_argument("--variant", choices=("before", "after"), default="after",
                     help="before: the first version's rollouts (training weights, matmul attention, eager sampling)")
