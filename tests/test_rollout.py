@@ -377,27 +377,42 @@ TURNS = [(None, None, [6, 3, 8, 1]),
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("case", ["resume", "grow", "chunked", "eos"])
 @pytest.mark.parametrize("sampling", [RolloutSampling(greedy=True), RolloutSampling(temperature=1.0)])
-def test_resumed_turns_equal_the_plain_engine_over_whole_prefixes(random_llama, smol_tok, monkeypatch, sampling, device):
+def test_resumed_turns_equal_the_plain_engine_over_whole_prefixes(random_llama, smol_tok, monkeypatch, sampling,
+                                                                  case, device):
     # With resume=True the fast engine prefills only what each row appended, over the cache of its
-    # earlier turns (grown twice here: length bucket 16); the tokens and log-probs are the plain
-    # engine's, which reads every whole prefix again. On a GPU: CUDA graphs and the CUDA defaults.
+    # earlier turns; the tokens and log-probs are the plain engine's, which reads every whole prefix
+    # again. "grow": a bucket too short for the later turns, which then prefill whole instead;
+    # "chunked": the resumed prefill one row at a time; "eos": rows that end on an end-of-sequence
+    # id (not kept). On a GPU: CUDA graphs (batch padding, the warm-up) and the CUDA defaults.
     if device == "cuda":
         if not torch.cuda.is_available():
             pytest.skip("the CUDA-graph engine needs a GPU")
         random_llama = copy.deepcopy(random_llama).to("cuda")
-    eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), check_every=4, length_bucket=16)
+    eos = ()
+    if case == "eos":   # a token the first turn samples early in a row: as EOS it ends rows mid-turn
+        plain = PlainDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())
+        eos = (next(_turns(plain, TURNS, sampling, False))[1][0].ids[2],)
+    eng = FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, eos, check_every=4,
+                      length_bucket=16 if case == "grow" else 128, prefill_elements=1 if case == "chunked" else 1 << 26)
     prefilled = []
     real = eng._prefill
     monkeypatch.setattr(eng, "_prefill", lambda ids, *a: prefilled.append(ids.shape[1]) or real(ids, *a))
-    plain = PlainDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, ())
+    plain = PlainDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, eos)
+    whole, finishes = [], []
     for (prefixes, got), (same, want) in zip(_turns(eng, TURNS, sampling, True), _turns(plain, TURNS, sampling, False)):
         assert prefixes == same
-        assert [o.ids for o in got] == [o.ids for o in want]
+        assert [(o.ids, o.finish) for o in got] == [(o.ids, o.finish) for o in want]
         assert all(abs(a - b) < 1e-4 for g, w in zip(got, want) for a, b in zip(g.logprobs, w.logprobs))
-    # The later turns prefilled the appended tokens and the last sampled one, not the prefixes.
-    assert prefilled == [7, 6, 4, 4]
-    assert eng._alloc_shape[1] > 16
+        whole.append(max(map(len, prefixes)))
+        finishes += [o.finish for o in got]
+    if case == "grow":   # the cache grew, and the turns that needed it prefilled their whole prefixes
+        assert eng._alloc_shape[1] > 16 and any(p == w for p, w in zip(prefilled[1:], whole[1:]))
+    else:                # the later turns prefilled the appended tokens and the last sampled one
+        assert prefilled[1:] == [6, 4, 4] if case != "eos" else all(p < w for p, w in zip(prefilled[1:], whole[1:]))
+    if case == "eos":
+        assert "eos" in finishes
 
 
 def test_a_prefix_that_does_not_extend_the_last_call_is_prefilled_whole(random_llama, smol_tok):

@@ -48,7 +48,10 @@ episode at the paper's shape, docs/benchmarks.md). With `resume=True` the engine
 that every prefix extends one of the rows it decoded last call (the same rows or a subset,
 in order) and then keeps their cache: rows are gathered, the slots a row wrote after its
 kept tokens are masked, and only the appended tokens are prefilled, at the columns after
-the last call's. Any prefix that does not match falls back to the full prefill. Only
+the last call's. Any prefix that does not match falls back to the full prefill, and so
+does a turn that would not fit the cache already allocated (growing it would hold two
+caches at once); the cache is longer than a whole prefill's would be by the slots rows
+left unused, which the masks skip but attention still reads. Only
 the caller knows that the weights did not change between the calls, so it is never
 implied.
 
@@ -192,16 +195,14 @@ class FastDecoder:
         return fast_layers.LayerKernels(model, compiled=layers == "compiled" and cuda)
 
     # -- buffers ------------------------------------------------------------------------
-    def _ensure_buffers(self, batch: int, length: int, keep: bool = False) -> None:
-        """Allocate (or grow) the cache and step buffers; growing drops captured graphs.
-        `keep` copies the cache and its bias into the grown buffers (a resumed call)."""
+    def _ensure_buffers(self, batch: int, length: int) -> None:
+        """Allocate (or grow) the cache and step buffers; growing drops captured graphs."""
         import torch
 
         b0, s0 = self._alloc_shape
         if batch <= b0 and length <= s0:
             return
         batch, length = max(batch, b0), max(length, s0)
-        old = {k: self._buffers[k] for k in ("keys", "values", "bias")} if keep and self._buffers else None
         self._buffers.clear()
         # Dropping the graphs frees their memory pool; a new pool is needed for the next
         # capture (capturing into the freed pool's handle trips an allocator assert).
@@ -224,11 +225,6 @@ class FastDecoder:
             "out_lp": torch.zeros((batch, self.check_every), dtype=torch.float32, device=dev),
         }
         self._alloc_shape = (batch, length)
-        if old is not None:
-            for name in ("keys", "values"):
-                for new, was in zip(self._buffers[name], old[name]):
-                    new[:b0, :, :s0].copy_(was)
-            self._buffers["bias"][:b0, :s0].copy_(old["bias"])
 
     def _state(self, batch: int, length: int) -> _State:
         b = self._buffers
@@ -263,6 +259,8 @@ class FastDecoder:
         causal = torch.ones((width, width), dtype=torch.bool, device=ids.device).tril()
         eye = torch.eye(width, dtype=torch.bool, device=ids.device)
         rows = max(1, self.prefill_elements // (width * ctx))
+        if start:   # a few appended tokens against the whole kept cache: bound its per-head copies too
+            rows = min(rows, max(1, self.prefill_elements // (2 * self.n_heads * self.head_dim * ctx)))
         logits = []
         groups = self.n_heads // self.n_kv
         for r0 in range(0, bsz, rows):
@@ -404,12 +402,19 @@ class FastDecoder:
         generator = None if sampling.greedy else turn_generator(generator, self.device)
         kept, self._kept = self._kept, None   # what this call leaves is recorded at its end
         src = _match(kept, prefixes) if resume and kept is not None else None
-        start = kept.end if src is not None else 0
-        segments = [p[len(kept.ids[r]):] for p, r in zip(prefixes, src)] if src is not None else prefixes
-        width = max(len(p) for p in segments)
+        if src is not None:
+            start, segments = kept.end, [p[len(kept.ids[r]):] for p, r in zip(prefixes, src)]
+            width = max(len(p) for p in segments)
+            # A kept cache too short for this turn would need a second, longer one beside it while
+            # copying (twice the memory): prefill the whole prefixes instead, which also drops the
+            # slots the rows left unused. The buffers never shrink, so later batches resume.
+            if _bucket(start + width + steps, self.length_bucket) > self._alloc_shape[1]:
+                src = None
+        if src is None:
+            start, segments, width = 0, prefixes, max(len(p) for p in prefixes)
         batch = _pow2(n) if self.use_graphs else n
         length = _bucket(start + width + steps, self.length_bucket)
-        self._ensure_buffers(batch, length, keep=src is not None)
+        self._ensure_buffers(batch, length)
         self._refresh_lm_head()   # the weights may have changed since the last call (RL)
         st = self._state(batch, length)
         # Capture before filling the cache: warm-up steps scribble on the buffers (past `start`).
