@@ -409,6 +409,14 @@ def test_resumed_turns_equal_the_plain_engine_over_whole_prefixes(random_llama, 
         finishes += [o.finish for o in got]
     if case == "grow":   # the cache grew, and the turns that needed it prefilled their whole prefixes
         assert eng._alloc_shape[1] > 16 and any(p == w for p, w in zip(prefilled[1:], whole[1:]))
+        # ...to the length resuming needed: within a few more episodes of this shape every later turn resumes
+        for _ in range(4):
+            prefilled.clear()
+            for (_, got), (_, want) in zip(_turns(eng, TURNS, sampling, True), _turns(plain, TURNS, sampling, False)):
+                assert [o.ids for o in got] == [o.ids for o in want]
+            if prefilled[1:] == [6, 4, 4]:
+                break
+        assert prefilled[1:] == [6, 4, 4]
     else:                # the later turns prefilled the appended tokens and the last sampled one
         assert prefilled[1:] == [6, 4, 4] if case != "eos" else all(p < w for p, w in zip(prefilled[1:], whole[1:]))
     if case == "eos":

@@ -50,7 +50,7 @@ in order) and then keeps their cache: rows are gathered, the slots a row wrote a
 kept tokens are masked, and only the appended tokens are prefilled, at the columns after
 the last call's. Any prefix that does not match falls back to the full prefill, and so
 does a turn that would not fit the cache already allocated (growing it would hold two
-caches at once); the cache is longer than a whole prefill's would be by the slots rows
+caches at once; it grows the buffers for the next batches instead); the cache is longer than a whole prefill's would be by the slots rows
 left unused, which the masks skip but attention still reads. Only
 the caller knows that the weights did not change between the calls, so it is never
 implied.
@@ -402,19 +402,22 @@ class FastDecoder:
         generator = None if sampling.greedy else turn_generator(generator, self.device)
         kept, self._kept = self._kept, None   # what this call leaves is recorded at its end
         src = _match(kept, prefixes) if resume and kept is not None else None
+        grow = 0   # the cache length resuming needed, when the buffers were shorter
         if src is not None:
             start, segments = kept.end, [p[len(kept.ids[r]):] for p, r in zip(prefixes, src)]
             width = max(len(p) for p in segments)
             # A kept cache too short for this turn would need a second, longer one beside it while
             # copying (twice the memory): prefill the whole prefixes instead, which also drops the
-            # slots the rows left unused. The buffers never shrink, so later batches resume.
-            if _bucket(start + width + steps, self.length_bucket) > self._alloc_shape[1]:
-                src = None
+            # slots the rows left unused, into buffers grown to what resuming needed. They never
+            # shrink, so the next batches' turns of this shape resume.
+            need = _bucket(start + width + steps, self.length_bucket)
+            if need > self._alloc_shape[1]:
+                src, grow = None, need
         if src is None:
             start, segments, width = 0, prefixes, max(len(p) for p in prefixes)
         batch = _pow2(n) if self.use_graphs else n
         length = _bucket(start + width + steps, self.length_bucket)
-        self._ensure_buffers(batch, length)
+        self._ensure_buffers(batch, max(length, grow))
         self._refresh_lm_head()   # the weights may have changed since the last call (RL)
         st = self._state(batch, length)
         # Capture before filling the cache: warm-up steps scribble on the buffers (past `start`).
