@@ -167,7 +167,9 @@ def run_turns(model, tokenizer, prefixes, new_tokens: int, turns: int, check_eve
     `new_tokens` each, every turn's prefix the last one's plus its tokens and the protocol's
     invalid-action feedback, each turn a `decode` call: its prefill over the whole prefix, or with
     `resume` over what the turn appended (the engine keeps its cache). The engine's defaults; the
-    first pass (captures) is timed apart. Its step_ms includes each turn's prefill."""
+    first pass (captures; with `resume`, up to three, until the cache has grown to what resuming
+    needs) is timed apart. Its step_ms includes each turn's prefill; `resumed_turns` counts the
+    timed turns that kept the cache."""
     import torch
     from dgpo_edge.train.decoding import RolloutSampling
     from dgpo_edge.train.fast_decode import FastDecoder
@@ -192,11 +194,17 @@ def run_turns(model, tokenizer, prefixes, new_tokens: int, turns: int, check_eve
         return walls, n, [len(r) for r in rows]
 
     first, _, _ = episode()
+    for _ in range(2 if resume else 0):   # a turn without room falls back and grows the cache
+        before = engine.resumed_calls
+        episode()
+        if engine.resumed_calls - before == turns - 1:
+            break
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()   # this row's own peak
+    before = engine.resumed_calls
     walls, n, lengths = episode()
     wall = sum(walls)
-    return _report(wall, n, turns * new_tokens) | {
+    return _report(wall, n, turns * new_tokens) | {"resumed_turns": engine.resumed_calls - before} | {
         "turns": turns, "turn_walls_s": [round(w, 3) for w in walls], "first_pass_s": round(sum(first), 3),
         "final_context": [min(lengths), max(lengths)]}
 

@@ -179,6 +179,7 @@ class FastDecoder:
         self._pool = None
         self._vocab = model.get_output_embeddings().weight.shape[0]
         self._kept: _Kept | None = None   # the last call's rows, for `resume`
+        self.resumed_calls = 0            # calls that kept the cache (benchmarks report it)
 
     def _layer_kernels(self, model: Any, layers: str) -> Any:
         """train/fast_layers.py's functions for the layers, or None to call the modules."""
@@ -423,6 +424,7 @@ class FastDecoder:
         # Capture before filling the cache: warm-up steps scribble on the buffers (past `start`).
         run_step = self._runner(st, sampling, (batch, length, sampling)) if steps > 1 else None
         pos0 = self._gather(kept, src, batch) if src is not None else None
+        self.resumed_calls += src is not None
 
         # Dummy rows (batch padding) get a one-token prompt so no softmax row is empty.
         padded = list(segments) + [[self.pad_id]] * (batch - n)
