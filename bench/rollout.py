@@ -204,8 +204,8 @@ def run_turns(model, tokenizer, prefixes, new_tokens: int, turns: int, check_eve
     before = engine.resumed_calls
     walls, n, lengths = episode()
     wall = sum(walls)
-    return _report(wall, n, turns * new_tokens) | {"resumed_turns": engine.resumed_calls - before} | {
-        "turns": turns, "turn_walls_s": [round(w, 3) for w in walls], "first_pass_s": round(sum(first), 3),
+    return _report(wall, n, turns * new_tokens) | {
+        "resumed_turns": engine.resumed_calls - before, "turns": turns, "turn_walls_s": [round(w, 3) for w in walls], "first_pass_s": round(sum(first), 3),
         "final_context": [min(lengths), max(lengths)]}
 
 

@@ -165,7 +165,7 @@ class ScriptedDecoder:
     def __init__(self, turns: list[str]):
         self.engine = ScriptedEngine(turns)
 
-    def decode(self, prefixes, max_new, sampling, generator):
+    def decode(self, prefixes, max_new, sampling, generator, resume=False):
         out = []
         for ids, n in zip(prefixes, max_new):
             gen = self.engine.generate(list(ids), n)

@@ -50,10 +50,10 @@ in order) and then keeps their cache: rows are gathered, the slots a row wrote a
 kept tokens are masked, and only the appended tokens are prefilled, at the columns after
 the last call's. Any prefix that does not match falls back to the full prefill, and so
 does a turn that would not fit the cache already allocated (growing it would hold two
-caches at once; it grows the buffers for the next batches instead); the cache is longer than a whole prefill's would be by the slots rows
-left unused, which the masks skip but attention still reads. Only
-the caller knows that the weights did not change between the calls, so it is never
-implied.
+caches at once; it grows the buffers for the next batches instead). The kept cache is
+longer than a whole prefill's by the slots rows left unused, which the masks skip but
+attention still reads. Only the caller knows that the weights did not change between
+the calls, so it is never implied.
 
 With `layers="model"` the layers' own modules (norms, projections, MLP, rotary
 embedding) are called; the compiled functions compute the same math from the

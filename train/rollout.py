@@ -217,14 +217,14 @@ def _play(episodes: list[Episode], engine: Any, tokenizer: Any, retriever: Retri
     """
     sampling = config.sampling()
     # The weights are fixed for the whole batch: its later turns may keep the engine's cache.
-    resume: dict = {}
+    resume = False
     while True:
         rows = [(e, n) for e in episodes if not e.done and (n := e.turn_tokens()) > 0]
         if not rows:
             return
         t0 = time.perf_counter()
-        turns = engine.decode([e.ids for e, _ in rows], [n for _, n in rows], sampling, generator, **resume)
-        resume = {"resume": True} if config.reuse_cache else {}
+        turns = engine.decode([e.ids for e, _ in rows], [n for _, n in rows], sampling, generator, resume=resume)
+        resume = config.reuse_cache
         t1 = time.perf_counter()
         searching: list[tuple[Episode, str]] = []
         for (e, _), turn in zip(rows, turns):
