@@ -9,7 +9,8 @@ Qwen2.5-3B-shaped teacher, random weights, the real Qwen tokenizer, 512 prompts 
 
 Speed settings to try at this shape (each its own --tag): --forward-batch 16 (fewer, larger
 no-grad passes), --no-checkpointing (the update without the recomputed forward, if memory allows),
---reuse-cache (rollout.reuse_cache: an episode's later turns prefill only the appended observation).
+--no-reuse-cache (rollout.reuse_cache off: every turn prefills the whole conversation again, as before
+the kept cache became the default).
 
 Before and after the RL speed work, side by side on one card (`--variant before` decodes with the
 training weights, the two-matmul attention and eager sampling, as the first version did; the
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> None:
     if args.variant == "before":
         config.rollout.weights, config.rollout.attention, config.rollout.fused_sampling = "training", "matmul", False
         config.rollout.layers, config.rollout.lm_head = "model", "model"
+        config.rollout.reuse_cache = False
     validate_rl(config, "bench/rl_cost.py")
     summary = run_rl(config)
     print(json.dumps(summary))
@@ -89,15 +91,20 @@ def run(args: argparse.Namespace) -> None:
 def report(args: argparse.Namespace) -> None:
     rows = []
     for run_dir in sorted(args.work.glob("run-*")):
+        if not (run_dir / "metrics.csv").is_file():
+            print(f"skipped {run_dir.name}: no step finished")
+            continue
         last = _last_row(run_dir / "metrics.csv")
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary_file = run_dir / "summary.json"   # absent when the run was cut after a step
+        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
         step = float(last["time_step_s"])
-        rows.append({"run": run_dir.name, "processes": summary["processes"], "step_s": step,
+        rows.append({"run": run_dir.name, "processes": summary.get("processes", 1), "step": int(last["step"]),
+                     "step_s": step,
                      **{p: float(last[f"time_{p}_s"] or 0) for p in PHASES},
                      "teacher_share_of_step": float(last["time_teacher_s"] or 0) / step,
                      "response_length": float(last["response_length"]),
                      "rollout_tokens_per_s": float(last["rollout_tokens_per_s"]),
-                     "peak_mem_gb": summary["peak_mem_gb"]})
+                     "peak_mem_gb": summary.get("peak_mem_gb", float(last["peak_mem_gb"] or 0))})
     result = {"card": args.card, "commit": args.commit, "rows": rows}
     (args.work / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print("| run | processes | step (s) | rollout | old log-probs | critic | teacher | update | "
@@ -166,8 +173,9 @@ def main() -> None:
     ap.add_argument("--no-checkpointing", action="store_true",
                     help="train without gradient checkpointing (more memory, no recomputed forward)")
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--reuse-cache", action="store_true",
-                    help="keep the rollout engine's cache between an episode's turns (rollout.reuse_cache)")
+    ap.add_argument("--reuse-cache", action=argparse.BooleanOptionalAction, default=True,
+                    help="keep the rollout engine's cache between an episode's turns (rollout.reuse_cache, "
+                         "the default; --no-reuse-cache prefills the whole conversation every turn)")
     ap.add_argument("--tag", default="1gpu")
     ap.add_argument("--variant", choices=("before", "after"), default="after",
                     help="before: the first version's rollouts (training weights, matmul attention, eager sampling)")

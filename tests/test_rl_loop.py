@@ -240,6 +240,14 @@ def test_resume_after_kill_9_logs_the_same_metrics(toy, tmp_path):
 
 
 SAMPLED = ("em", "answered", "response_length", "searches", "invalid_rate", "teacher_share", "lr", "critic_lr")
+# Fractions of tokens past a clip bound: float rounding can move one token across the bound, which
+# changes the fraction by 1 / (tokens in the batch), about 1e-3 for the toy runs.
+AT_A_BOUND = ("clip_frac", "vf_clip_frac")
+
+
+def close(key: str, got: str, want: str) -> bool:
+    """Equal up to float rounding (one token across a clip bound for the clip fractions)."""
+    return float(got) == pytest.approx(float(want), rel=1e-4, abs=5e-3 if key in AT_A_BOUND else 1e-6)
 
 
 def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
@@ -250,7 +258,7 @@ def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
         assert {k: a[k] for k in SAMPLED} == {k: b[k] for k in SAMPLED}
         for key in a:
             if key not in SAMPLED and a[key] not in ("", "nan"):
-                assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-4, abs=1e-6), key
+                assert close(key, a[key], b[key]), key
 
 
 def test_a_run_keeping_the_cache_between_turns_logs_the_same_metrics(toy, tmp_path):
@@ -267,6 +275,9 @@ def test_a_run_keeping_the_cache_between_turns_logs_the_same_metrics(toy, tmp_pa
         runs[reuse] = rows(out)
     assert float(runs[True][0]["searches"]) > 0
     assert_same_metrics(runs[True], runs[False])
+    # on unless a config turns it off (measured faster on a GPU, docs/benchmarks.md)
+    default = write_rl_config(toy, tmp_path / "default", optim={"steps": 1})
+    assert RLTrainer(load_rl_config("dgpo", default)).rollout_config.reuse_cache is True
 
 
 def test_collapse_stop_ends_the_run(toy, tmp_path):
@@ -496,7 +507,7 @@ def test_pass_sizes_and_rounded_widths_change_no_metric(toy, tmp_path):
             if plain[key] in ("", "nan") or key in ("lr", "critic_lr", "step"):
                 assert plain[key] == knobs[key], key
             else:
-                assert float(knobs[key]) == pytest.approx(float(plain[key]), rel=1e-4, abs=1e-6), key
+                assert close(key, knobs[key], plain[key]), key
 
 
 def test_the_report_split_is_recorded_at_every_evaluation_and_never_chosen_by(toy, tmp_path):

