@@ -91,14 +91,15 @@ def run(args: argparse.Namespace) -> None:
 def report(args: argparse.Namespace) -> None:
     rows = []
     for run_dir in sorted(args.work.glob("run-*")):
-        if not (run_dir / "metrics.csv").is_file():
+        last = _last_row(run_dir / "metrics.csv") if (run_dir / "metrics.csv").is_file() else None
+        if last is None:
             print(f"skipped {run_dir.name}: no step finished")
             continue
-        last = _last_row(run_dir / "metrics.csv")
         summary_file = run_dir / "summary.json"   # absent when the run was cut after a step
         summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
         step = float(last["time_step_s"])
-        rows.append({"run": run_dir.name, "processes": summary.get("processes", 1), "step": int(last["step"]),
+        # a cut run has no summary: its process count is unknown (None), its peak from the metrics
+        rows.append({"run": run_dir.name, "processes": summary.get("processes"), "step": int(float(last["step"])),
                      "step_s": step,
                      **{p: float(last[f"time_{p}_s"] or 0) for p in PHASES},
                      "teacher_share_of_step": float(last["time_teacher_s"] or 0) / step,
@@ -111,14 +112,16 @@ def report(args: argparse.Namespace) -> None:
           "teacher share | generated tokens/rollout | rollout tokens/s | peak GPU memory (GiB) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['run']} | {r['processes']} | {r['step_s']:.1f} | " + " | ".join(f"{r[p]:.1f}" for p in PHASES)
+        print(f"| {r['run']} | {r['processes'] or '?'} | {r['step_s']:.1f} | " + " | ".join(f"{r[p]:.1f}" for p in PHASES)
               + f" | {r['teacher_share_of_step']:.1%} | {r['response_length']:.0f} | "
               f"{r['rollout_tokens_per_s']:,.0f} | {r['peak_mem_gb']:.1f} |")
 
 
-def _last_row(metrics: Path) -> dict:
+def _last_row(metrics: Path) -> dict | None:
+    """The last step's row of a metrics.csv, None when no step was written (a header alone)."""
     with open(metrics, newline="") as f:
-        return list(csv.DictReader(f))[-1]
+        rows = list(csv.DictReader(f))
+    return rows[-1] if rows else None
 
 
 def speed(args: argparse.Namespace) -> None:
@@ -129,6 +132,8 @@ def speed(args: argparse.Namespace) -> None:
     import subprocess
 
     before, after = (_last_row(args.work / f"run-{t}" / "metrics.csv") for t in ("before", "after"))
+    if before is None or after is None:
+        raise SystemExit(f"error: {args.work}/run-before and run-after each need a finished step")
     b512 = json.loads(args.rollout_json.read_text())
     same_batch = json.loads((args.standalone_json or args.rollout_json).read_text())
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

@@ -44,6 +44,7 @@ def test_report_takes_each_runs_last_step_and_survives_cut_runs(bench, tmp_path,
     (tmp_path / "run-done" / "summary.json").write_text(json.dumps({"processes": 2, "peak_mem_gb": 60.0}))
     _metrics(tmp_path / "run-cut", [_step(1, 140.0, 77.0), _step(2, 124.0, 77.9)])   # killed in step 3
     (tmp_path / "run-empty").mkdir()                                                  # killed in step 1
+    _metrics(tmp_path / "run-header", [])                                             # header, no step
     args = argparse.Namespace(work=tmp_path, card="NVIDIA H200", commit="abc1234")
     bench.report(args)
     out = json.loads((tmp_path / "results.json").read_text())
@@ -53,8 +54,10 @@ def test_report_takes_each_runs_last_step_and_survives_cut_runs(bench, tmp_path,
     assert (rows["run-done"]["step"], rows["run-done"]["step_s"], rows["run-done"]["update"]) == (2, 150.0, 87.0)
     assert (rows["run-done"]["processes"], rows["run-done"]["peak_mem_gb"]) == (2, 60.0)     # from the summary
     assert (rows["run-cut"]["step"], rows["run-cut"]["peak_mem_gb"]) == (2, 77.9)            # from the metrics
+    assert rows["run-cut"]["processes"] is None                                              # unknown when cut
     assert rows["run-cut"]["teacher_share_of_step"] == pytest.approx(27.0 / 124.0)
-    assert "skipped run-empty" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "skipped run-empty" in printed and "skipped run-header" in printed
 
 
 @pytest.mark.parametrize("flags,kept", [([], True), (["--reuse-cache"], True), (["--no-reuse-cache"], False)])
@@ -64,3 +67,20 @@ def test_the_kept_cache_is_the_default_and_can_be_turned_off(bench, monkeypatch,
     monkeypatch.setattr("sys.argv", ["rl_cost.py", "run", *flags])
     bench.main()
     assert seen["reuse"] is kept
+
+
+def test_the_before_variant_decodes_without_the_kept_cache(bench, monkeypatch, tmp_path):
+    # the first version had no kept cache: --variant before turns it off whatever the flag says
+    pytest.importorskip("torch")
+    import dgpo_edge.train.rl.config as rl_config
+    import dgpo_edge.train.rl.loop as rl_loop
+
+    seen = []
+    monkeypatch.setattr(rl_loop, "run_rl", lambda config: seen.append(config.rollout) or {})
+    monkeypatch.setattr(rl_config, "validate_rl", lambda config, where: None)
+    for variant in ("before", "after"):
+        bench.run(argparse.Namespace(work=tmp_path, data=tmp_path / "train.jsonl", retriever=tmp_path / "corpus.jsonl",
+                                     prompts=8, batch_size=8, micro_batch=2, forward_batch=0, no_checkpointing=False,
+                                     steps=1, reuse_cache=True, tag=variant, variant=variant))
+    assert [r.reuse_cache for r in seen] == [False, True]
+    assert (seen[0].weights, seen[1].weights) == ("training", "auto")

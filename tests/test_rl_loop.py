@@ -241,13 +241,13 @@ def test_resume_after_kill_9_logs_the_same_metrics(toy, tmp_path):
 
 SAMPLED = ("em", "answered", "response_length", "searches", "invalid_rate", "teacher_share", "lr", "critic_lr")
 # Fractions of tokens past a clip bound: float rounding can move one token across the bound, which
-# changes the fraction by 1 / (tokens in the batch), about 1e-3 for the toy runs.
+# changes the fraction by 1 / (tokens in the batch), about 1e-3 for the toy runs: one token, not two.
 AT_A_BOUND = ("clip_frac", "vf_clip_frac")
 
 
 def close(key: str, got: str, want: str) -> bool:
     """Equal up to float rounding (one token across a clip bound for the clip fractions)."""
-    return float(got) == pytest.approx(float(want), rel=1e-4, abs=5e-3 if key in AT_A_BOUND else 1e-6)
+    return float(got) == pytest.approx(float(want), rel=1e-4, abs=1.5e-3 if key in AT_A_BOUND else 1e-6)
 
 
 def assert_same_metrics(got: list[dict], want: list[dict]) -> None:

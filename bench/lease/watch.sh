@@ -4,7 +4,7 @@
 # $OUT/results.tgz, which a call returns (at most 8 files of 16 MiB).
 #   bash bench/lease/watch.sh SECONDS
 # Issue the next watch the moment one returns: a machine with no call in flight goes back after 30 s.
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 sleep "${1:?usage: bench/lease/watch.sh SECONDS}"
 date; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
 tail -n 20 out/logs/lanes.log 2>/dev/null
