@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -32,3 +33,15 @@ def qwen_dir(shared_dir: Path) -> Path:
 def _digest_cache(tmp_path_factory) -> None:
     """Keep the verified-digest cache of bundles and indexes opened by tests out of ~/.cache."""
     os.environ["DGPO_EDGE_DIGEST_CACHE"] = str(tmp_path_factory.mktemp("digests") / "verified-digests.json")
+
+
+@pytest.fixture(scope="session")
+def bench_script():
+    """Load a script of bench/ as a module (they are scripts, not a package): bench_script("rollout")."""
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load

@@ -6,23 +6,18 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["step", "response_length", "rollout_tokens_per_s", "peak_mem_gb", "time_step_s",
            "time_rollout_s", "time_logp_s", "time_critic_s", "time_teacher_s", "time_update_s"]
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_rl_cost", ROOT / "bench" / "rl_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(bench_script):
+    return bench_script("rl_cost")
 
 
 def _metrics(run: Path, steps: list[dict]) -> None:

@@ -3,9 +3,6 @@ rollout at the paper's shape, a growing prefix and a fresh decode call each turn
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch")
@@ -16,15 +13,10 @@ from test_rollout_support import tiny_model  # noqa: E402
 
 from dgpo_edge import protocol  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_rollout", ROOT / "bench" / "rollout.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(bench_script):
+    return bench_script("rollout")
 
 
 @pytest.fixture(scope="module")
