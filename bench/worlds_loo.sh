@@ -26,7 +26,10 @@
 # the student when absent), STUDENT_LAYERS (15: the student's depth, of SmolLM2's 30; runs of another
 # depth are named ...-LLl, e.g. worlds-kd-notes-out-24l, and their rows kd-24l, dgpo-24l), SMOL_GGUF,
 # GPUS (the GPU indices lanes take in turn; default every GPU), PYTHON, COMMIT (recorded in the
-# rows; default git's).
+# rows; default git's), MIX_DEV (1: each model's EM on the mixture's dev split first, rows in
+# worlds-eval/mixture-MIXTURE.jsonl: what a choice between runs, e.g. of STUDENT_LAYERS, is made on),
+# EVAL_TEACHER (0: skip the teacher's evaluations, e.g. in a second lane of another depth on the same
+# mixture, started once the first lane's teacher is trained).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 held=("$@")
@@ -55,8 +58,14 @@ if [[ ${PREP_STUDENT:-1} == 1 && ! -d $student ]]; then
 fi
 [ -f "$worlds_dir/notes-s1/manifest.json" ] || "${de[@]}" data build notes --seed 1 --out "$worlds_dir/notes-s1"
 
-evaluate() {  # NAME@MIXTURE=DIR: test EM on every world's own corpus
-  for w in "${worlds[@]}" notes-s1; do
+evaluate() {  # NAME@MIXTURE=DIR: the mixture's dev EM (MIX_DEV=1), then test EM on every world's own corpus
+  if [[ ${MIX_DEV:-0} == 1 ]]; then
+    "$py" bench/factbook_eval.py --data "$out/worlds-mix/$mixture" --splits dev \
+      --out "$out/worlds-eval/mixture-$mixture.jsonl" --model "$1" --card "$card" --commit "$commit" \
+      ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"}
+    log "eval ${1%%=*} on the mixture's dev split done"
+  fi
+  for w in notes-s1 "${worlds[@]}"; do
     "$py" bench/factbook_eval.py --data "$worlds_dir/$w" --splits test --out "$out/worlds-eval/$w.jsonl" \
       --model "$1" --card "$card" --commit "$commit" ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"}
     log "eval ${1%%=*} on $w done"
@@ -93,7 +102,7 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
         ${DGPO_ARGS:-} || log "dgpo $h: rc=$?" ) > "$out/logs/worlds-dgpo-$mixture.log" 2>&1 &
   fi
   evaluate "kd$tag@$mixture=$kd/checkpoints/best"
-  evaluate "teacher@$mixture=$teacher/checkpoints/last"
+  [[ ${EVAL_TEACHER:-1} == 0 ]] || evaluate "teacher@$mixture=$teacher/checkpoints/last"
   wait
   [ ! -d "$dgpo/checkpoints/best" ] || evaluate "dgpo$tag@$mixture=$dgpo/checkpoints/best"
   if [[ ${PACK:-0} == 1 ]]; then
@@ -105,8 +114,8 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
 gpus=(${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true)})
 for i in "${!held[@]}"; do  # lane i on the i-th GPU (mod the GPUs there are); all lanes at once
   ( if [[ ${#gpus[@]} -gt 0 ]]; then export CUDA_VISIBLE_DEVICES=${gpus[$(( i % ${#gpus[@]} ))]}; fi
-    lane "${held[$i]}" > "$out/logs/worlds-lane-${held[$i]}.log" 2>&1
-    log "lane ${held[$i]} done (log: $out/logs/worlds-lane-${held[$i]}.log)" ) &
+    lane "${held[$i]}" > "$out/logs/worlds-lane-${held[$i]}$tag.log" 2>&1
+    log "lane ${held[$i]} done (log: $out/logs/worlds-lane-${held[$i]}$tag.log)" ) &
 done
 failed=0
 for job in $(jobs -p); do wait "$job" || failed=1; done

@@ -8,7 +8,17 @@ critic's value of the state in which token t is chosen. Position 0 has none.
 Only generated positions matter, so the LM head runs on the hidden states of
 those positions alone (a trajectory is mostly prompt and retrieved passages),
 in row chunks, which keeps full [tokens, vocabulary] logits out of memory
-except for the rows in flight.
+except for the rows in flight. With gradients, the chunks' logits are not kept
+for the backward either: it recomputes them (`HeadLogps`), so a micro-batch
+holds its hidden states and two numbers per position instead of several
+[positions, vocabulary] float32 tensors (at Qwen's 151,936 words, 1.2 GB each
+per 2,048 positions).
+
+Rows are padded on the right, so causal attention alone already keeps every
+real token from seeing padding: the models get no attention mask for such a
+batch (`model_mask`), which lets PyTorch's attention use its fused causal
+kernel instead of a masked one. Positions and values at real tokens are the
+same either way; only the padding positions' (never read) outputs differ.
 """
 
 from __future__ import annotations
@@ -28,9 +38,89 @@ def select_hidden(hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Ten
     return hidden[:, :-1][where], input_ids[:, 1:][where]
 
 
+def model_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """The attention mask to give a causal model: None when every row is padded on the right only
+    (ones, then zeros), since causal attention then gives each real token exactly its row's real
+    tokens before it; the mask itself otherwise (left padding, holes)."""
+    right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
+    return None if right_padded else attention_mask
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul of `t` runs in here: autocast's when it is on, else t's own."""
+    device = t.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else t.dtype
+
+
+class HeadLogps(torch.autograd.Function):
+    """(log softmax(h W^T / T) at the targets [N], entropies [N] or empty), `rows` positions at a
+    time, in float32 from `dtype` logits. The backward recomputes each chunk's logits rather than
+    keeping them: the only per-position state kept is the log-sum-exp and the entropy.
+
+    With z = logits / T, p = softmax(z), lse = logsumexp(z) and H = -sum p log p:
+    d logp_t / dz = onehot(t) - p, and dH / dz = -p (log p + H), log p = z - lse.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, rows, entropy, dtype):
+        n = hidden.shape[0]
+        logp = hidden.new_empty(n, dtype=torch.float32)
+        lse = hidden.new_empty(n, dtype=torch.float32)
+        ent = hidden.new_empty(n if entropy else 0, dtype=torch.float32)
+        w = weight.to(dtype)
+        for i in range(0, n, rows):
+            z = torch.nn.functional.linear(hidden[i:i + rows].to(dtype), w).float() / temperature
+            lse[i:i + rows] = torch.logsumexp(z, dim=-1)
+            logp[i:i + rows] = z.gather(-1, targets[i:i + rows, None])[:, 0] - lse[i:i + rows]
+            if entropy:
+                shifted = z - lse[i:i + rows, None]                 # log p
+                ent[i:i + rows] = -(torch.exp(shifted) * shifted).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
+        ctx.temperature, ctx.rows, ctx.entropy, ctx.dtype = temperature, rows, entropy, dtype
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, targets, lse, ent = ctx.saved_tensors
+        t, rows, dtype = ctx.temperature, ctx.rows, ctx.dtype
+        w = weight.to(dtype)
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if ctx.needs_input_grad[1] else None
+        for i in range(0, hidden.shape[0], rows):
+            h = hidden[i:i + rows].to(dtype)
+            z = torch.nn.functional.linear(h, w).float() / t
+            shifted = z - lse[i:i + rows, None]                     # log p
+            p = torch.exp(shifted)
+            g1 = g_logp[i:i + rows, None]
+            gz = -p * g1
+            if ctx.entropy and g_ent is not None:
+                gz -= p * (shifted + ent[i:i + rows, None]) * g_ent[i:i + rows, None]
+            gz.scatter_add_(-1, targets[i:i + rows, None], g1)
+            gz = (gz / t).to(dtype)
+            if grad_h is not None:
+                grad_h[i:i + rows] = (gz @ w).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w += (gz.t() @ h).float()
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
+
+
 def head_logps(head: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
                entropy: bool = False, rows: int = 2048) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(head(h) / T) at `targets` [N] (and the entropies [N]), `rows` at a time."""
+    """log softmax(head(h) / T) at `targets` [N] (and the entropies [N]), `rows` at a time.
+
+    A plain bias-free linear head (Qwen's, Llama's, tied or not) goes through `HeadLogps`; any other
+    head (an adapter on the head, a bias) through autograd over each chunk's kept logits."""
+    if type(head) is torch.nn.Linear and head.bias is None:
+        logp, ent = HeadLogps.apply(hidden, head.weight, targets, temperature, rows, entropy,
+                                    _compute_dtype(hidden))
+        return logp, ent if entropy else None
+    return kept_logits_logps(head, hidden, targets, temperature, entropy, rows)
+
+
+def kept_logits_logps(head: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                      entropy: bool = False, rows: int = 2048) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`head_logps` by autograd through each chunk's logits, kept for the backward (any head)."""
     logps, ents = [], []
     for i in range(0, hidden.shape[0], rows):
         logits = head(hidden[i:i + rows]).float() / temperature
@@ -60,7 +150,7 @@ class PolicyHead(torch.nn.Module):
         self.lm, self.rows = lm, rows
 
     def forward(self, input_ids, attention_mask, mask, temperature: float = 1.0, entropy: bool = False):
-        hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.lm.base_model(input_ids=input_ids, attention_mask=model_mask(attention_mask)).last_hidden_state
         h, targets = select_hidden(hidden, input_ids, mask)
         logp, ent = head_logps(self.lm.get_output_embeddings(), h, targets, temperature, entropy, self.rows)
         return scatter(logp, mask), None if ent is None else scatter(ent, mask)
@@ -81,7 +171,7 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids, attention_mask):
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.body(input_ids=input_ids, attention_mask=model_mask(attention_mask)).last_hidden_state
         v = self.head(hidden).squeeze(-1).float()
         return torch.nn.functional.pad(v[:, :-1], (1, 0))
 
@@ -112,9 +202,10 @@ def lm_full_vocab_kl(student: Any, teacher: Any, input_ids, attention_mask, mask
                   temperature: float = 1.0, rows: int = 2048) -> torch.Tensor:
     """Full-vocabulary KL per generated token [B, L] between the student's and the teacher's
     next-token distributions (`direction` reverse = KL(student || teacher))."""
-    hs, targets = select_hidden(student.base_model(input_ids=input_ids, attention_mask=attention_mask)
+    attention = model_mask(attention_mask)
+    hs, targets = select_hidden(student.base_model(input_ids=input_ids, attention_mask=attention)
                                 .last_hidden_state, input_ids, mask)
-    ht, _ = select_hidden(teacher.base_model(input_ids=input_ids, attention_mask=attention_mask)
+    ht, _ = select_hidden(teacher.base_model(input_ids=input_ids, attention_mask=attention)
                           .last_hidden_state, input_ids, mask)
     head_s, head_t = student.get_output_embeddings(), teacher.get_output_embeddings()
     parts = []

@@ -1,0 +1,151 @@
+"""The RL models' speed paths compute what the plain ones do: the LM head whose backward recomputes
+its logits (`HeadLogps`) against autograd through kept logits, and right-padded batches run without
+an attention mask (`model_mask`) against the same batch with its mask."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import test_rollout_support as support  # noqa: E402
+import torch  # noqa: E402
+
+from dgpo_edge.train.rl import math as rl_math  # noqa: E402
+from dgpo_edge.train.rl.models import HeadLogps, PolicyHead, ValueModel, head_logps, model_mask  # noqa: E402
+
+
+def plain(hidden, weight, targets, temperature):
+    """The reference: full logits, autograd through log_softmax and the entropy."""
+    logits = (hidden @ weight.t()).float() / temperature
+    logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+    return logp, rl_math.entropy_from_logits(logits)
+
+
+def leaves(n=37, h=16, v=53, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=g, dtype=dtype).mul(0.5).requires_grad_(True)
+    weight = torch.randn(v, h, generator=g, dtype=dtype).mul(0.5).requires_grad_(True)
+    targets = torch.randint(0, v, (n,), generator=g)
+    return hidden, weight, targets
+
+
+@pytest.mark.parametrize("rows", [1, 5, 37, 4096])
+@pytest.mark.parametrize("entropy_weight", [0.0, 0.3])
+def test_recomputed_head_matches_autograd(rows, entropy_weight):
+    """Values and both gradients equal autograd's through kept logits (float64 leaves, the softmax in
+    float32 on both paths; any chunking), for a loss that mixes the log-probs and the entropies with
+    per-position weights."""
+    g = torch.Generator().manual_seed(1)
+    w_logp, w_ent = torch.randn(37, generator=g, dtype=torch.float64), torch.randn(37, generator=g, dtype=torch.float64)
+    results = []
+    for fused in (False, True):
+        hidden, weight, targets = leaves()
+        if fused:
+            logp, ent = HeadLogps.apply(hidden, weight, targets, 0.7, rows, True, torch.float64)
+        else:
+            logp, ent = plain(hidden, weight, targets, 0.7)
+        ((logp * w_logp).sum() + entropy_weight * (ent * w_ent).sum()).backward()
+        results.append((logp.detach(), ent.detach(), hidden.grad, weight.grad))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert float(results[1][3].abs().sum()) > 0
+
+
+def test_recomputed_head_without_entropy_and_frozen_weight():
+    """No entropy asked: none computed; a frozen head (LoRA elsewhere) gets no gradient."""
+    hidden, weight, targets = leaves()
+    weight.requires_grad_(False)
+    logp, ent = HeadLogps.apply(hidden, weight, targets, 1.0, 8, False, torch.float64)
+    assert ent.numel() == 0
+    logp.sum().backward()
+    ref_h = hidden.detach().clone().requires_grad_(True)
+    plain(ref_h, weight, targets, 1.0)[0].sum().backward()
+    torch.testing.assert_close(hidden.grad, ref_h.grad, rtol=1e-5, atol=1e-5)
+    assert weight.grad is None
+
+
+def test_recomputed_head_under_bf16_autocast_matches_the_plain_head():
+    """Under bf16 autocast both paths take bf16 logits to float32: same values, gradients within
+    bf16 rounding, and the fused path is the one a plain Linear head takes."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 211, bias=False)
+    hidden0 = torch.randn(50, 32)
+    targets = torch.randint(0, 211, (50,))
+    out = {}
+    for name in ("plain", "fused"):
+        hidden = hidden0.clone().requires_grad_(True)
+        head.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if name == "fused":
+                logp, ent = head_logps(head, hidden, targets, 0.9, entropy=True, rows=16)
+            else:
+                logits = head(hidden).float() / 0.9
+                logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+                ent = rl_math.entropy_from_logits(logits)
+        (logp.sum() - 0.01 * ent.sum()).backward()
+        out[name] = (logp.detach(), ent.detach(), hidden.grad, head.weight.grad.clone())
+    for a, b in zip(out["plain"], out["fused"]):   # bf16 rounding flips a few elements: a relative norm
+        assert float((a - b).norm() / b.norm()) < 1e-2
+
+
+def test_a_head_with_a_bias_takes_the_plain_path():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 11, bias=True)
+    hidden = torch.randn(5, 8, requires_grad=True)
+    targets = torch.randint(0, 11, (5,))
+    logp, ent = head_logps(head, hidden, targets, 1.0, entropy=True, rows=2)
+    expect = torch.log_softmax(head(hidden), -1).gather(-1, targets[:, None])[:, 0]
+    torch.testing.assert_close(logp, expect)
+    assert logp.grad_fn is not None and "HeadLogps" not in type(logp.grad_fn).__name__
+
+
+def test_model_mask_drops_only_right_padding():
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    assert model_mask(right) is None
+    left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    hole = torch.tensor([[1, 0, 1, 0]])
+    assert model_mask(left) is left and model_mask(hole) is hole
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_right_padded_batches_need_no_mask(kind):
+    """The policy's log-probs, entropies and gradients and the critic's values, at every real
+    position, are the same with the mask as without (what PolicyHead and ValueModel now do)."""
+    lm = support.tiny_model(kind, 97, seed=3)
+    ids = torch.randint(0, 97, (3, 24), generator=torch.Generator().manual_seed(0))
+    lengths = [24, 17, 9]
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros(3, 24)
+    for i, n in enumerate(lengths):
+        attention[i, :n] = 1
+        mask[i, 5:n] = 1
+    policy = PolicyHead(lm, rows=7)
+
+    def with_mask(input_ids, attention_mask=None):   # the base model as it ran before: always masked
+        return original(input_ids=input_ids, attention_mask=attention)
+
+    logp, ent = policy(ids, attention, mask, 0.8, True)
+    (logp.sum() + ent.sum()).backward()
+    grads = [p.grad.clone() for p in lm.parameters()]
+    lm.zero_grad()
+    original = lm.base_model.forward
+    lm.base_model.forward = with_mask
+    try:
+        logp_m, ent_m = policy(ids, attention, mask, 0.8, True)
+        (logp_m.sum() + ent_m.sum()).backward()
+    finally:
+        lm.base_model.forward = original
+    torch.testing.assert_close(logp, logp_m, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ent_m, rtol=1e-5, atol=1e-5)
+    for a, p in zip(grads, lm.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)
+
+    critic = ValueModel(lm.base_model, 64)
+    torch.nn.init.normal_(critic.head.weight)
+    values = critic(ids, attention)
+    masked = critic.head(lm.base_model(input_ids=ids, attention_mask=attention).last_hidden_state).squeeze(-1)
+    expect = torch.nn.functional.pad(masked[:, :-1], (1, 0))
+    real = torch.nn.functional.pad(attention, (1, 0))[:, :-1].bool() | attention.bool()   # incl. the terminal slot
+    torch.testing.assert_close(values[real], expect[real], rtol=1e-5, atol=1e-5)
