@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> None:
     config.ppo.mini_batch = min(256, args.prompts)   # the paper: 256 of 512
     config.ppo.micro_batch = args.micro_batch
     config.ppo.forward_batch = args.forward_batch
+    config.ppo.compile = args.compile
     config.optim.steps = args.steps
     config.rollout.reuse_cache = args.reuse_cache
     config.log.tensorboard = False
@@ -177,6 +178,7 @@ def main() -> None:
     ap.add_argument("--forward-batch", type=int, default=0, help="rows per no-grad pass (ppo.forward_batch; 0: micro-batch)")
     ap.add_argument("--no-checkpointing", action="store_true",
                     help="train without gradient checkpointing (more memory, no recomputed forward)")
+    ap.add_argument("--compile", action="store_true", help="ppo.compile: the actor's and critic's layers compiled")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--reuse-cache", action=argparse.BooleanOptionalAction, default=True,
                     help="keep the rollout engine's cache between an episode's turns (rollout.reuse_cache, "

@@ -28,7 +28,8 @@
 # GPUS (the GPU indices lanes take in turn; default every GPU), PYTHON, COMMIT (recorded in the
 # rows; default git's), MIX_DEV (1: each model's EM on the mixture's dev split first, rows in
 # worlds-eval/mixture-MIXTURE.jsonl: what a choice between runs, e.g. of STUDENT_LAYERS, is made on),
-# EVAL_TEACHER (0: skip the teacher's evaluations, e.g. in a second lane of another depth on the same
+# EVAL_WORLDS (the worlds whose test splits are scored, besides notes-s1; default every world in
+# WEIGHTS), EVAL_TEACHER (0: skip the teacher's evaluations, e.g. in a second lane of another depth on the same
 # mixture, started once the first lane's teacher is trained).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +66,7 @@ evaluate() {  # NAME@MIXTURE=DIR: the mixture's dev EM (MIX_DEV=1), then test EM
       ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"}
     log "eval ${1%%=*} on the mixture's dev split done"
   fi
-  for w in notes-s1 "${worlds[@]}"; do
+  for w in notes-s1 ${EVAL_WORLDS:-"${worlds[@]}"}; do
     "$py" bench/factbook_eval.py --data "$worlds_dir/$w" --splits test --out "$out/worlds-eval/$w.jsonl" \
       --model "$1" --card "$card" --commit "$commit" ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"}
     log "eval ${1%%=*} on $w done"
