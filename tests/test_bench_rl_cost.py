@@ -71,11 +71,13 @@ def test_the_before_variant_decodes_without_the_kept_cache(bench, monkeypatch, t
     import dgpo_edge.train.rl.loop as rl_loop
 
     seen = []
-    monkeypatch.setattr(rl_loop, "run_rl", lambda config: seen.append(config.rollout) or {})
+    monkeypatch.setattr(rl_loop, "run_rl", lambda config: seen.append(config) or {})
     monkeypatch.setattr(rl_config, "validate_rl", lambda config, where: None)
     for variant in ("before", "after"):
         bench.run(argparse.Namespace(work=tmp_path, data=tmp_path / "train.jsonl", retriever=tmp_path / "corpus.jsonl",
-                                     prompts=8, batch_size=8, micro_batch=2, forward_batch=0, no_checkpointing=False,
+                                     prompts=8, batch_size=8, micro_batch=2, forward_batch=16, checkpointing=False,
                                      steps=1, reuse_cache=True, tag=variant, variant=variant))
-    assert [r.reuse_cache for r in seen] == [False, True]
-    assert (seen[0].weights, seen[1].weights) == ("training", "auto")
+    assert [c.rollout.reuse_cache for c in seen] == [False, True]
+    assert (seen[0].rollout.weights, seen[1].rollout.weights) == ("training", "auto")
+    # the first version's update: checkpointed, no-grad passes of one micro-batch
+    assert [(c.model.gradient_checkpointing, c.ppo.forward_batch) for c in seen] == [(True, 0), (False, 16)]

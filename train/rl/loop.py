@@ -201,10 +201,6 @@ class RLTrainer:
         self.rollout_copy = RolloutCopy(self.lm) if wants_copy(r.weights, self.acc) else None
         self.engine = make_engine(self.rollout_lm, self.tokenizer, self.rollout_config)
         self.blocks = observation_blocks(self.tokenizer)   # kept across steps: passages come back
-        if c.ppo.compile:   # after the rollout copy and the engine were made from the uncompiled layers
-            for model in (self.lm, self.critic):
-                for layer in decoder_layers(model):
-                    layer.compile(dynamic=True)
 
     def _prepare_ddp(self, policy: Any, actor_opt: Any, adam: Callable, schedule: Callable) -> None:
         """One process, or DDP: actor and critic prepared together by the one Accelerator."""
@@ -611,13 +607,6 @@ class RLTrainer:
         if self.acc.is_main_process:
             write_json(self.out / "summary.json", summary)
         return summary
-
-
-def decoder_layers(model: Any) -> list:
-    """The transformer blocks of a model (any wrapping: DDP, adapters, the critic's body); none for None."""
-    if model is None:
-        return []
-    return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
 
 
 def _frozen_copy(model: Any, device: Any, bf16: bool) -> Any:
