@@ -1,0 +1,83 @@
+"""bench/worlds_loo.sh's control flow, with PYTHON set to a recorder instead of an interpreter: which
+stages a lane skips, which evaluations it runs (MIX_DEV, EVAL_WORLDS, EVAL_TEACHER) and where its log
+goes (one per held-out world and depth). The stages themselves are tested with the real trainers
+elsewhere (tests/test_worlds_mix.py)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WEIGHTS = "factbook=0.5 notes=0.3 notes@2=0.2"
+
+
+@pytest.fixture
+def work(tmp_path):
+    """A work dir whose mixture, worlds, teacher and KD runs exist (so those stages are skipped)."""
+    out = tmp_path / "out"
+    for folder in ("worlds-mix/all", "worlds/notes-s1"):
+        (out / folder).mkdir(parents=True)
+        (out / folder / "manifest.json").write_text("{}")
+    for run in ("worlds-teacher-sft-all", "worlds-kd-all", "worlds-kd-all-30l"):
+        (out / "runs" / run).mkdir(parents=True)
+        (out / "runs" / run / "summary.json").write_text("{}")
+    recorder = tmp_path / "python"
+    recorder.write_text(f"#!/bin/sh\necho \"$*\" >> {shlex.quote(str(tmp_path / 'calls.log'))}\n")
+    recorder.chmod(0o755)
+    return tmp_path
+
+
+def lane(work: Path, **env: str) -> list[str]:
+    environ = {**os.environ, "PYTHON": str(work / "python"), "WORK_DIR": str(work / "out"), "WEIGHTS": WEIGHTS,
+               "DGPO_MINUTES": "0", "PREP_STUDENT": "0", "COMMIT": "abc1234", "GPUS": "", **env}
+    subprocess.run(["bash", str(ROOT / "bench" / "worlds_loo.sh"), "none"], check=True, env=environ, cwd=ROOT,
+                   capture_output=True, timeout=60)
+    calls = (work / "calls.log").read_text().splitlines()
+    (work / "calls.log").unlink()
+    return calls
+
+
+def evaluations(calls: list[str]) -> list[tuple[str, str, str]]:
+    """(model name, data folder, splits) of each bench/factbook_eval.py call."""
+    out = []
+    for call in calls:
+        if "factbook_eval.py" in call:
+            args = call.split()
+            value = lambda flag: args[args.index(flag) + 1]  # noqa: E731
+            out.append((value("--model").split("=")[0], Path(value("--data")).name, value("--splits")))
+    return out
+
+
+def test_a_lane_scores_kd_and_teacher_on_every_world_and_the_unseen_notes(work):
+    calls = lane(work)
+    assert not any(" train " in c for c in calls)   # the finished stages are skipped
+    assert evaluations(calls) == [(m, w, "test") for m in ("kd@all", "teacher@all")
+                                  for w in ("notes-s1", "factbook", "notes")]
+    assert "worlds_results.py" in calls[-1]
+    assert (work / "out" / "logs" / "worlds-lane-none.log").is_file()
+
+
+def test_mix_dev_eval_worlds_and_eval_teacher_narrow_what_is_scored(work):
+    calls = lane(work, MIX_DEV="1", EVAL_WORLDS="factbook", EVAL_TEACHER="0", STUDENT_LAYERS="30")
+    assert evaluations(calls) == [("kd-30l@all", "all", "dev"), ("kd-30l@all", "notes-s1", "test"),
+                                  ("kd-30l@all", "factbook", "test")]
+    dev = next(c for c in calls if "--splits dev" in c)
+    assert "worlds-eval/mixture-all.jsonl" in dev
+    assert (work / "out" / "logs" / "worlds-lane-none-30l.log").is_file()   # its own log beside the 15-layer lane's
+
+
+def test_worlds_depths_runs_one_lane_per_depth_and_the_teacher_once(work):
+    environ = {**os.environ, "PYTHON": str(work / "python"), "WORK_DIR": str(work / "out"), "WEIGHTS": WEIGHTS,
+               "PREP_STUDENT": "0", "COMMIT": "abc1234", "GPUS": "", "RESULTS": str(work / "worlds.json")}
+    subprocess.run(["bash", str(ROOT / "bench" / "worlds_depths.sh"), "15", "30"], check=True, env=environ,
+                   cwd=ROOT, capture_output=True, timeout=60)
+    calls = (work / "calls.log").read_text().splitlines()
+    scored = sorted(evaluations(calls))
+    assert scored == sorted((m, w, "dev" if w == "all" else "test") for m in ("kd@all", "kd-30l@all", "teacher@all")
+                            for w in ("all", "notes-s1", "factbook", "notes"))
+    assert sum("worlds_results.py" in c for c in calls) == 2   # each lane collects what is there when it ends
