@@ -8,14 +8,16 @@ Qwen2.5-3B-shaped teacher, random weights, the real Qwen tokenizer, 512 prompts 
     python bench/rl_cost.py report                                    # the markdown for docs/benchmarks.md
 
 The defaults are the fastest settings measured at this shape, those of
-train/configs/qwen2.5-3b-to-0.5b-dgpo.yaml: no gradient checkpointing (57 GiB peak on one H200 since the
-LM head recomputes its logits; --checkpointing for less memory), --forward-batch 16 (fewer, larger
-no-grad passes; 0: the micro-batch), and --no-reuse-cache (rollout.reuse_cache off: every turn prefills the whole conversation again, as before
-the kept cache became the default).
+train/configs/qwen2.5-3b-to-0.5b-dgpo.yaml: the rollout cache kept between turns (--no-reuse-cache:
+every turn prefills the whole conversation again), no gradient checkpointing (57 GiB peak on one H200
+since the LM head recomputes its logits; --checkpointing for less memory) and --forward-batch 16
+(fewer, larger no-grad passes; 0: the micro-batch).
 
 Before and after the RL speed work, side by side on one card (`--variant before` decodes with the
-training weights, the two-matmul attention and eager sampling, as the first version did; the
-length-bucketed micro-batches have no switch), then the JSON of bench/results/rl_speed.json:
+training weights, the two-matmul attention and eager sampling, without the kept cache, and updates
+with checkpointing and no-grad passes of one micro-batch, as the first version did; the
+length-bucketed micro-batches, the unmasked forward passes and the recomputing LM head have no
+switch), then the JSON of bench/results/rl_speed.json:
 
     python bench/rl_cost.py run --steps 2 --variant before --tag before
     python bench/rl_cost.py run --steps 2 --variant after --tag after

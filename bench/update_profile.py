@@ -123,24 +123,7 @@ def update_rows(args, device, sync, peak, reset_peak) -> list[dict]:
             c = timed(critic_step, args.repeats, sync)
             actor.zero_grad(set_to_none=True)
             critic.zero_grad(set_to_none=True)
-            rows.append({"variant": name, "checkpointing": checkpointing, "actor_s": round(a, 4),
-                         "critic_s": round(c, 4), "micro_batch_s": round(a + c, 4),
-                         "update_estimate_s": round((a + c) * args.step_rows / args.micro_batch, 1),
-                         "peak_gb": round(peak(), 2)})
-            print(json.dumps(rows[-1]), flush=True)
-    if args.compile:   # an experiment: each decoder layer through torch.compile (no switch in train yet)
-        use_variant(False, True)
-        for model in (actor, critic.body):
-            for layer in model.model.layers if hasattr(model, "model") else model.layers:
-                layer.compile()
-        reset_peak()
-        a = timed(actor_step, args.repeats, sync)
-        c = timed(critic_step, args.repeats, sync)
-        rows.append({"variant": "unmasked+recomp+compiled", "checkpointing": False, "actor_s": round(a, 4),
-                     "critic_s": round(c, 4), "micro_batch_s": round(a + c, 4),
-                     "update_estimate_s": round((a + c) * args.step_rows / args.micro_batch, 1),
-                     "peak_gb": round(peak(), 2)})
-        print(json.dumps(rows[-1]), flush=True)
+            rows.append(timing_row(name, checkpointing, a, c, args, peak()))
     if args.profile:
         rows_profile = {}
         for model in (actor, critic.body):
@@ -149,8 +132,29 @@ def update_rows(args, device, sync, peak, reset_peak) -> list[dict]:
             use_variant(masked, recompute)
             rows_profile[name] = profile(lambda: (actor_step(), critic_step()), device)
         args.profile_out = rows_profile
+    # last: compiling changes the layers in place, and the rows and profiles above are eager
+    if args.compile:   # an experiment: each decoder layer through torch.compile (no switch in train)
+        use_variant(False, True)
+        for model in (actor, critic.body):
+            model.gradient_checkpointing_disable()
+            for layer in model.model.layers if hasattr(model, "model") else model.layers:
+                layer.compile()
+        reset_peak()
+        a = timed(actor_step, args.repeats, sync)
+        c = timed(critic_step, args.repeats, sync)
+        rows.append(timing_row("unmasked+recomp+compiled", False, a, c, args, peak()))
     use_variant(False, True)
     return rows
+
+
+def timing_row(variant: str, checkpointing: bool, actor_s: float, critic_s: float, args, peak_gb: float) -> dict:
+    """One output row (printed as it is made): a micro-batch's times and the step's estimate."""
+    row = {"variant": variant, "checkpointing": checkpointing, "actor_s": round(actor_s, 4),
+           "critic_s": round(critic_s, 4), "micro_batch_s": round(actor_s + critic_s, 4),
+           "update_estimate_s": round((actor_s + critic_s) * args.step_rows / args.micro_batch, 1),
+           "peak_gb": round(peak_gb, 2)}
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def profile(fn, device, top: int = 15) -> list[dict]:
@@ -178,15 +182,17 @@ def no_grad_rows(args, device, sync) -> list[dict]:
     from dgpo_edge.train.rl.models import frozen_logps
 
     out = []
-    models = [("logp (student)", TINY if args.tiny else STUDENT, 0)]
+    # as train dgpo runs them: the actor's old log-probs in fp32 weights under bf16 autocast, the
+    # frozen teacher in bf16 weights (load_frozen)
+    models = [("logp (student)", TINY if args.tiny else STUDENT, 0, torch.float32)]
     if not args.skip_teacher:
-        models.append(("teacher (3B shape)", TINY if args.tiny else TEACHER, 2))
+        models.append(("teacher (3B shape)", TINY if args.tiny else TEACHER, 2, torch.bfloat16))
     ids, attention, mask = batch(args.forward_batch, args.width, args.generated, args.vocab, device)
-    for label, shape, seed in models:
-        lm = qwen2(shape, args.vocab, device, seed).to(torch.bfloat16).eval()
+    for label, shape, seed, dtype in models:
+        lm = qwen2(shape, args.vocab, device, seed).to(dtype).eval()
         for name, masked, recompute in VARIANTS:
             use_variant(masked, recompute)
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
                 s = timed(lambda: frozen_logps(lm, ids, attention, mask, 1.0, args.head_rows), args.repeats, sync)
             out.append({"pass": label, "variant": name, "rows": args.forward_batch, "s": round(s, 4),
                         "step_estimate_s": round(s * args.step_rows / args.forward_batch, 1)})

@@ -30,7 +30,8 @@
 # worlds-eval/mixture-MIXTURE.jsonl: what a choice between runs, e.g. of STUDENT_LAYERS, is made on),
 # EVAL_WORLDS (the worlds whose test splits are scored, besides notes-s1; default every world in
 # WEIGHTS), EVAL_TEACHER (0: skip the teacher's evaluations, e.g. in a second lane of another depth on the same
-# mixture, started once the first lane's teacher is trained).
+# mixture, started once the first lane's teacher is trained), COLLECT (0: leave the rows in
+# worlds-eval/ without writing RESULTS, for a driver that runs several of these at once and collects once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 held=("$@")
@@ -121,5 +122,5 @@ done
 failed=0
 for job in $(jobs -p); do wait "$job" || failed=1; done
 [ $failed = 0 ] || { echo "error: a lane failed; see $out/logs/worlds-lane-*.log" >&2; exit 1; }
-"$py" bench/worlds_results.py --eval-dir "$out/worlds-eval" --mix-dir "$out/worlds-mix" --worlds-dir "$worlds_dir" \
-  --out "${RESULTS:-bench/results/worlds.json}"
+[[ ${COLLECT:-1} == 0 ]] || "$py" bench/worlds_results.py --eval-dir "$out/worlds-eval" --mix-dir "$out/worlds-mix" \
+  --worlds-dir "$worlds_dir" --out "${RESULTS:-bench/results/worlds.json}"

@@ -28,10 +28,14 @@ def read_manifest(folder: Path) -> dict:
 
 def world_of(corpus: str, worlds_dir: Path | None) -> tuple[str, int]:
     """(world, seed) of an evaluated folder: a folder named after a world is that world, another
-    (`notes-s1`, `notes@2`) the world its name starts with, else the world its manifest names; the seed from the manifest (0 without one)."""
+    (`notes-s1`, `notes@2`) the world its name starts with, else the world its manifest names; the seed from the manifest (0 without one).
+    `mixture-NAME` (bench/worlds_loo.sh's MIX_DEV rows: the mixture's own dev split) is world "mixture"."""
     import re
 
     from dgpo_edge.worlds.registry import WORLDS
+
+    if corpus.startswith("mixture-"):
+        return "mixture", 0
 
     if worlds_dir is None or not (worlds_dir / corpus / "manifest.json").exists():
         return corpus, 0

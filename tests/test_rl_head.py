@@ -13,7 +13,8 @@ import test_rollout_support as support  # noqa: E402
 import torch  # noqa: E402
 
 from dgpo_edge.train.rl import math as rl_math  # noqa: E402
-from dgpo_edge.train.rl.models import HeadLogps, PolicyHead, ValueModel, head_logps, model_mask  # noqa: E402
+from dgpo_edge.train.attention import model_mask  # noqa: E402
+from dgpo_edge.train.rl.models import HeadLogps, PolicyHead, ValueModel, head_logps  # noqa: E402
 
 
 def plain(hidden, weight, targets, temperature):
@@ -51,6 +52,38 @@ def test_recomputed_head_matches_autograd(rows, entropy_weight):
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert float(results[1][3].abs().sum()) > 0
+
+
+def test_recomputed_head_entropy_only_no_rows_and_tied_weights():
+    """A loss of the entropies alone; zero positions; a head tied to the input embeddings (both uses
+    of the one weight get their gradient), each against autograd through the plain head."""
+    hidden, weight, targets = leaves()
+    _, ent = HeadLogps.apply(hidden, weight, targets, 1.3, 6, True, torch.float64)
+    ent.sum().backward()
+    ref_h, ref_w = hidden.detach().clone().requires_grad_(True), weight.detach().clone().requires_grad_(True)
+    plain(ref_h, ref_w, targets, 1.3)[1].sum().backward()
+    torch.testing.assert_close(hidden.grad, ref_h.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight.grad, ref_w.grad, rtol=1e-5, atol=1e-5)
+
+    empty = torch.zeros(0, 16, dtype=torch.float64, requires_grad=True)
+    logp, ent = HeadLogps.apply(empty, weight, targets[:0], 1.0, 4, True, torch.float64)
+    assert logp.shape == (0,) and ent.shape == (0,)
+    logp.sum().backward()
+    assert empty.grad.shape == (0, 16)
+
+    grads = []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(53, 16).double()
+        ids = torch.randint(0, 53, (9,))
+        h = emb(ids) * 2.0                                    # the weight's first use
+        if fused:
+            logp, _ = HeadLogps.apply(h, emb.weight, targets[:9], 1.0, 4, False, torch.float64)
+        else:
+            logp = plain(h, emb.weight, targets[:9], 1.0)[0]
+        logp.sum().backward()
+        grads.append(emb.weight.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-5)
 
 
 def test_recomputed_head_without_entropy_and_frozen_weight():
@@ -149,3 +182,36 @@ def test_right_padded_batches_need_no_mask(kind):
     expect = torch.nn.functional.pad(masked[:, :-1], (1, 0))
     real = torch.nn.functional.pad(attention, (1, 0))[:, :-1].bool() | attention.bool()   # incl. the terminal slot
     torch.testing.assert_close(values[real], expect[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bf16 autocast, fused attention kernels)")
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_on_a_gpu_the_speed_paths_match_the_plain_passes_in_bf16(kind, monkeypatch):
+    """On a GPU under bf16 autocast, as `train dgpo` runs: the unmasked forward (PyTorch's fused causal
+    kernel) with the recomputing head against the masked forward with kept logits; log-probs,
+    entropies and gradients agree within bf16 rounding."""
+    from dgpo_edge.train.rl import models
+
+    lm = support.tiny_model(kind, 97, seed=3).cuda().train()
+    ids = torch.randint(0, 97, (3, 64), generator=torch.Generator().manual_seed(0)).cuda()
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros(3, 64, device="cuda")
+    for i, n in enumerate((64, 50, 37)):
+        attention[i, :n] = 1
+        mask[i, 9:n] = 1
+    out = []
+    for plain_paths in (False, True):
+        if plain_paths:
+            monkeypatch.setattr(models, "model_mask", lambda m: m)
+            monkeypatch.setattr(models, "head_logps", models.kept_logits_logps)
+        lm.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logp, ent = models.PolicyHead(lm, rows=16)(ids, attention, mask, 0.9, True)
+        (logp.sum() - 0.01 * ent.sum()).backward()
+        out.append((logp.detach(), ent.detach(), [p.grad.clone() for p in lm.parameters()]))
+    (logp, ent, grads), (logp_p, ent_p, grads_p) = out
+    real = mask.bool()
+    torch.testing.assert_close(logp[real], logp_p[real], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(ent[real], ent_p[real], rtol=2e-2, atol=2e-2)
+    for a, b in zip(grads, grads_p):
+        assert float((a - b).norm() / b.norm().clamp(min=1e-12)) < 3e-2

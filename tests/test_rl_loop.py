@@ -246,10 +246,10 @@ AT_A_BOUND = ("clip_frac", "vf_clip_frac")
 
 
 def close(key: str, got: str, want: str) -> bool:
-    """Equal up to float rounding; for the clip fractions, a few tokens across a clip bound (about
-    4 of a step's ~1,000: runs cut to other widths use other attention kernel tilings, and a ratio
-    or value within rounding of its bound lands on either side)."""
-    return float(got) == pytest.approx(float(want), rel=1e-4, abs=4e-3 if key in AT_A_BOUND else 1e-6)
+    """Equal up to float rounding; for the clip fractions, two or three tokens of a step's ~1,000
+    across a clip bound (runs cut to other widths use other attention kernel tilings, and a ratio or
+    value within rounding of its bound lands on either side; 0.0011 against 0.0030 was seen)."""
+    return float(got) == pytest.approx(float(want), rel=1e-4, abs=2.5e-3 if key in AT_A_BOUND else 1e-6)
 
 
 def assert_same_metrics(got: list[dict], want: list[dict]) -> None:

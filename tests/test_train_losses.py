@@ -113,3 +113,35 @@ def test_masked_loss_counts_only_masked_positions():
     ids2[0, 5] = 20
     same = MaskedLMLoss(lm, 16)(ids2, attn, target, kind="ce")
     assert float(same) == pytest.approx(float(want), rel=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [0, 11])
+@pytest.mark.parametrize("kind", ["ce", "forward_kl"])
+def test_right_padded_batches_train_the_same_without_a_mask(chunk, kind, monkeypatch):
+    """SFT and KD batches are padded on the right, so the models get no attention mask
+    (train/attention.py); the losses and gradients equal those of the same batch given its mask."""
+    pytest.importorskip("transformers")
+    import test_rollout_support as support
+
+    from dgpo_edge.train import losses
+
+    student, teacher = support.tiny_model("llama", 97, seed=1), support.tiny_model("llama", 97, seed=2)
+    ids = torch.randint(0, 97, (3, 16), generator=torch.Generator().manual_seed(0))
+    attention = torch.zeros_like(ids)
+    target = torch.zeros(3, 16)
+    for i, n in enumerate((16, 11, 7)):
+        attention[i, :n] = 1
+        target[i, 3:n - 1] = 1
+    results = []
+    for masked in (False, True):
+        if masked:
+            monkeypatch.setattr(losses, "model_mask", lambda m: m)
+        student.zero_grad()
+        soft = losses.teacher_targets(teacher, ids, attention, target, chunked=bool(chunk)) if kind != "ce" else None
+        loss = losses.MaskedLMLoss(student, chunk_size=chunk)(ids, attention, target, kind=kind, teacher=soft)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in student.parameters()]))
+    (plain, plain_grads), (with_mask, mask_grads) = results
+    torch.testing.assert_close(plain, with_mask, rtol=1e-5, atol=1e-6)
+    for a, b in zip(plain_grads, mask_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -80,4 +80,6 @@ def test_worlds_depths_runs_one_lane_per_depth_and_the_teacher_once(work):
     scored = sorted(evaluations(calls))
     assert scored == sorted((m, w, "dev" if w == "all" else "test") for m in ("kd@all", "kd-30l@all", "teacher@all")
                             for w in ("all", "notes-s1", "factbook", "notes"))
-    assert sum("worlds_results.py" in c for c in calls) == 2   # each lane collects what is there when it ends
+    # collected once, after both lanes, into RESULTS
+    assert [c for c in calls if "worlds_results.py" in c] == [calls[-1]]
+    assert calls[-1].endswith(f"--out {work / 'worlds.json'}")

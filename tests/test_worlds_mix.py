@@ -316,6 +316,9 @@ def test_worlds_results_collects_rows_in_the_issue_shape(mix: Path, tmp_path: Pa
     for world, em in (("elements", 0.5), ("notes", 0.25), ("notes-s1", 0.75)):
         row = {"method": "kd@notes-out", "split": "test", "n": 4, "em": em, "card": "cpu", "commit": "abc"}
         (evals / f"{world}.jsonl").write_text(json.dumps(row) + "\n")
+    # the mixture's own dev split (worlds_loo.sh MIX_DEV=1) is world "mixture", never held out
+    dev = {"method": "kd@notes-out", "split": "dev", "n": 4, "em": 1.0, "card": "cpu", "commit": "abc"}
+    (evals / "mixture-notes-out.jsonl").write_text(json.dumps(dev) + "\n")
     # notes-s1: another set of notes (the notes world at seed 1), so still the held-out world
     (worlds / "notes-s1").mkdir(parents=True)
     (worlds / "notes-s1" / "manifest.json").write_text(json.dumps({"kind": "notes", "seed": 1}))
@@ -325,6 +328,8 @@ def test_worlds_results_collects_rows_in_the_issue_shape(mix: Path, tmp_path: Pa
     common = {"trained_on": trained_on, "split": "test", "n": 4, "model": "kd", "mixture": "notes-out"}
     assert result["rows"] == [
         {"world": "elements", "corpus": "elements", "seed": 0, "held_out": False, "em": 0.5, **common},
+        {"world": "mixture", "corpus": "mixture-notes-out", "seed": 0, "held_out": False, "em": 1.0,
+         **common, "split": "dev"},
         {"world": "notes", "corpus": "notes", "seed": 0, "held_out": True, "em": 0.25, **common},
         {"world": "notes", "corpus": "notes-s1", "seed": 1, "held_out": True, "em": 0.75, **common}]
     assert "| notes-out | kd | notes (seed 1) | yes | 4 | 0.750 |" in markdown(result)

@@ -18,7 +18,9 @@ python3 -c "import dgpo_edge.train.rl.loop, dgpo_edge.export" || { echo "error: 
 mkdir -p device out/logs && rm -rf device/qwen2 && cp -r .carry/qwen2 device/qwen2
 # Data built here beforehand (e.g. `tar czf .carry/data/worlds.tgz out/worlds out/worlds-mix/all`),
 # when this call carries .carry/data too: unpacked into the checkout's root.
-for t in .carry/data/*.tgz; do [ -f "$t" ] && tar xzf "$t" && echo "unpacked $t"; done
+for t in .carry/data/*.tgz; do
+  if [ -f "$t" ]; then tar xzf "$t"; echo "unpacked $t"; fi
+done
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 [ -f out/factbookqa/train.jsonl ] || python3 -m dgpo_edge data factbook --out out/factbookqa > out/logs/data.log 2>&1 \

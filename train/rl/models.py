@@ -14,11 +14,9 @@ holds its hidden states and two numbers per position instead of several
 [positions, vocabulary] float32 tensors (at Qwen's 151,936 words, 1.2 GB each
 per 2,048 positions).
 
-Rows are padded on the right, so causal attention alone already keeps every
-real token from seeing padding: the models get no attention mask for such a
-batch (`model_mask`), which lets PyTorch's attention use its fused causal
-kernel instead of a masked one. Positions and values at real tokens are the
-same either way; only the padding positions' (never read) outputs differ.
+Rows are padded on the right, so the models get no attention mask
+(train/attention.py `model_mask`): PyTorch's fused causal attention instead of
+a masked kernel, the same values at real tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ import torch
 
 from dgpo_edge.errors import InputError
 
+from ..attention import model_mask
 from . import math as rl_math
 
 
@@ -36,14 +35,6 @@ def select_hidden(hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Ten
     """(hidden states that predict the masked tokens [N, H], those tokens [N]), row-major order."""
     where = mask[:, 1:].bool()
     return hidden[:, :-1][where], input_ids[:, 1:][where]
-
-
-def model_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
-    """The attention mask to give a causal model: None when every row is padded on the right only
-    (ones, then zeros), since causal attention then gives each real token exactly its row's real
-    tokens before it; the mask itself otherwise (left padding, holes)."""
-    right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
-    return None if right_padded else attention_mask
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -80,6 +71,7 @@ class HeadLogps(torch.autograd.Function):
         return logp, ent
 
     @staticmethod
+    @torch.autograd.function.once_differentiable   # no double backward: say so rather than be wrong
     def backward(ctx, g_logp, g_ent):
         hidden, weight, targets, lse, ent = ctx.saved_tensors
         t, rows, dtype = ctx.temperature, ctx.rows, ctx.dtype
