@@ -4,7 +4,11 @@
 # JSON a job wrote under out/results/, e.g. bench/rollout.py --out out/results/rollout.json) as
 # $OUT/results.tgz, which a call returns (at most 8 files of 16 MiB).
 #   bash bench/lease/watch.sh SECONDS
-# Issue the next watch the moment one returns: a machine with no call in flight goes back after 30 s.
+# Issue the next watch the moment one returns: a machine with no call in flight goes back after 30 s,
+# with everything on it. Editing code here while a lease runs means no call is in flight: a lease
+# on 2026-11-28 was lost that way mid-run (three KD students and two benchmark runs). Write the
+# code before the lease, or have a helper keep issuing watch calls meanwhile. Each call also copies
+# the checkout again, and only processes started after it see the new code.
 cd "$(dirname "$0")/../.." || exit 1
 sleep "${1:?usage: bench/lease/watch.sh SECONDS}"
 date; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
