@@ -14,7 +14,8 @@ Variants (each row of the output), from what the first version computed to today
   unmasked+kept     right padding needs no mask: PyTorch's fused causal attention
   unmasked+recomp   ... and the head's backward recomputes its logits (train/rl/models.py: the default)
 each with gradient checkpointing on and off, and `--profile` adds torch.profiler's top kernels of
-the first and the default variant, and `--compile` a row with each decoder layer compiled. The update of a step is about (rollouts / micro-batch) times a
+the first and the default variant, `--fused-norm` a row with every RMSNorm through torch's fused
+rms_norm, and `--compile` a row with each decoder layer compiled. The update of a step is about (rollouts / micro-batch) times a
 micro-batch (512 / 4 = 128 at the paper's shape) plus two optimizer steps per mini-batch.
 Output: {"card", "commit", "shape", "rows": [{"variant", "checkpointing", "actor_s", "critic_s",
 "micro_batch_s", "update_estimate_s", "peak_gb"}], "no_grad": [...], "profile": {...}}.
@@ -23,10 +24,12 @@ Output: {"card", "commit", "shape", "rows": [{"variant", "checkpointing", "actor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import time
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]   # the installed package is used (dgpo_edge.train lives in train/)
@@ -132,6 +135,15 @@ def update_rows(args, device, sync, peak, reset_peak) -> list[dict]:
             use_variant(masked, recompute)
             rows_profile[name] = profile(lambda: (actor_step(), critic_step()), device)
         args.profile_out = rows_profile
+    if args.fused_norm:   # an experiment: the RMSNorms through torch's rms_norm (no switch in train)
+        use_variant(False, True)
+        for model in (actor, critic.body):
+            model.gradient_checkpointing_disable()
+        with fused_rms_norms([actor, critic.body]):
+            reset_peak()
+            a = timed(actor_step, args.repeats, sync)
+            c = timed(critic_step, args.repeats, sync)
+        rows.append(timing_row("unmasked+recomp+fused-norm", False, a, c, args, peak()))
     # last: compiling changes the layers in place, and the rows and profiles above are eager
     if args.compile:   # an experiment: each decoder layer through torch.compile (no switch in train)
         use_variant(False, True)
@@ -145,6 +157,26 @@ def update_rows(args, device, sync, peak, reset_peak) -> list[dict]:
         rows.append(timing_row("unmasked+recomp+compiled", False, a, c, args, peak()))
     use_variant(False, True)
     return rows
+
+
+@contextlib.contextmanager
+def fused_rms_norms(models: list):
+    """Every RMSNorm of `models` computed by torch.nn.functional.rms_norm (in float32, then scaled by
+    its weight, as the transformers module does for float32 inputs) while inside; restored after."""
+    import torch
+
+    def forward(self, x):
+        out = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=self.variance_epsilon)
+        return self.weight * out.to(x.dtype)
+
+    norms = [m for model in models for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    for m in norms:
+        m.forward = types.MethodType(forward, m)
+    try:
+        yield norms
+    finally:
+        for m in norms:
+            del m.forward
 
 
 def timing_row(variant: str, checkpointing: bool, actor_s: float, critic_s: float, args, peak_gb: float) -> dict:
@@ -218,6 +250,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--skip-teacher", action="store_true")
     ap.add_argument("--compile", action="store_true", help="one more row: the default with torch.compile'd layers")
+    ap.add_argument("--fused-norm", action="store_true",
+                    help="one more row: the default with every RMSNorm through torch.nn.functional.rms_norm")
     ap.add_argument("--card", default="")
     args = ap.parse_args()
     if args.tiny:

@@ -37,11 +37,28 @@ def test_variants_switch_the_mask_and_the_head(bench_script):
 def test_tiny_run_writes_every_variant(tmp_path):
     out = tmp_path / "u.json"
     subprocess.run([sys.executable, str(ROOT / "bench" / "update_profile.py"), "--tiny", "--device", "cpu",
-                    "--repeats", "1", "--profile", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
+                    "--repeats", "1", "--profile", "--fused-norm", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
     result = json.loads(out.read_text())
     assert {(r["variant"], r["checkpointing"]) for r in result["rows"]} == {
-        (v, c) for v in ("masked+kept", "unmasked+kept", "unmasked+recomp") for c in (True, False)}
+        (v, c) for v in ("masked+kept", "unmasked+kept", "unmasked+recomp") for c in (True, False)} | {
+        ("unmasked+recomp+fused-norm", False)}
     assert all(r["micro_batch_s"] > 0 and r["update_estimate_s"] >= 0 for r in result["rows"])
     assert {r["pass"] for r in result["no_grad"]} == {"logp (student)", "teacher (3B shape)"}
     assert set(result["profile"]) == {"masked+kept", "unmasked+recomp"} and result["profile"]["masked+kept"]
     assert result["card"] == "cpu" and result["shape"]["tiny"] is True
+
+
+def test_fused_rms_norms_compute_what_the_modules_do_and_are_restored(bench_script):
+    import test_rollout_support as support
+
+    bench = bench_script("update_profile")
+    lm = support.tiny_model("qwen2", 97, seed=4)
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = lm(input_ids=ids).logits
+        with bench.fused_rms_norms([lm]) as norms:
+            assert len(norms) == 2 * 2 + 1          # two per layer, and the final one
+            assert all("forward" in vars(m) for m in norms)
+            fused = lm(input_ids=ids).logits
+        assert not any("forward" in vars(m) for m in norms)
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
