@@ -114,47 +114,42 @@ def update_rows(args, device, sync, peak, reset_peak) -> list[dict]:
             values = critic(ids, attention)
         ((values * mask).square().sum() / mask.sum()).backward()
 
-    rows = []
-    for checkpointing in (True, False):
+    def checkpoint(on: bool) -> None:
         for model in (actor, critic.body):
-            model.gradient_checkpointing_enable() if checkpointing else model.gradient_checkpointing_disable()
+            model.gradient_checkpointing_enable() if on else model.gradient_checkpointing_disable()
             model.train()
-        for name, masked, recompute in VARIANTS:
-            use_variant(masked, recompute)
-            reset_peak()
-            a = timed(actor_step, args.repeats, sync)
-            c = timed(critic_step, args.repeats, sync)
-            actor.zero_grad(set_to_none=True)
-            critic.zero_grad(set_to_none=True)
-            rows.append(timing_row(name, checkpointing, a, c, args, peak()))
-    if args.profile:
-        rows_profile = {}
-        for model in (actor, critic.body):
-            model.gradient_checkpointing_enable()
-        for name, masked, recompute in (VARIANTS[0], VARIANTS[-1]):
-            use_variant(masked, recompute)
-            rows_profile[name] = profile(lambda: (actor_step(), critic_step()), device)
-        args.profile_out = rows_profile
-    if args.fused_norm:   # an experiment: the RMSNorms through torch's rms_norm (no switch in train)
-        use_variant(False, True)
-        for model in (actor, critic.body):
-            model.gradient_checkpointing_disable()
-        with fused_rms_norms([actor, critic.body]):
-            reset_peak()
-            a = timed(actor_step, args.repeats, sync)
-            c = timed(critic_step, args.repeats, sync)
-        rows.append(timing_row("unmasked+recomp+fused-norm", False, a, c, args, peak()))
-    # last: compiling changes the layers in place, and the rows and profiles above are eager
-    if args.compile:   # an experiment: each decoder layer through torch.compile (no switch in train)
-        use_variant(False, True)
-        for model in (actor, critic.body):
-            model.gradient_checkpointing_disable()
-            for layer in model.model.layers if hasattr(model, "model") else model.layers:
-                layer.compile()
+
+    def measure(name: str, checkpointing: bool) -> dict:
         reset_peak()
         a = timed(actor_step, args.repeats, sync)
         c = timed(critic_step, args.repeats, sync)
-        rows.append(timing_row("unmasked+recomp+compiled", False, a, c, args, peak()))
+        actor.zero_grad(set_to_none=True)
+        critic.zero_grad(set_to_none=True)
+        return timing_row(name, checkpointing, a, c, args, peak())
+
+    rows = []
+    for checkpointing in (True, False):
+        checkpoint(checkpointing)
+        for name, masked, recompute in VARIANTS:
+            use_variant(masked, recompute)
+            rows.append(measure(name, checkpointing))
+    if args.profile:
+        checkpoint(True)
+        args.profile_out = {}
+        for name, masked, recompute in (VARIANTS[0], VARIANTS[-1]):
+            use_variant(masked, recompute)
+            args.profile_out[name] = profile(lambda: (actor_step(), critic_step()), device)
+    use_variant(False, True)
+    checkpoint(False)
+    if args.fused_norm:   # an experiment: the RMSNorms through torch's rms_norm (no switch in train)
+        with fused_rms_norms([actor, critic.body]):
+            rows.append(measure("unmasked+recomp+fused-norm", False))
+    # last: compiling changes the layers in place, and the rows and profiles above are eager
+    if args.compile:   # an experiment: each decoder layer through torch.compile (no switch in train)
+        for model in (actor, critic.body):
+            for layer in model.model.layers if hasattr(model, "model") else model.layers:
+                layer.compile()
+        rows.append(measure("unmasked+recomp+compiled", False))
     use_variant(False, True)
     return rows
 

@@ -43,6 +43,16 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else t.dtype
 
 
+def _chunk_log_probs(h: torch.Tensor, w: torch.Tensor, lse: torch.Tensor | None, temperature: float,
+                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log softmax(z), logsumexp(z)) of one chunk, z = h W^T / T in float32 from `dtype` logits;
+    with `lse` given (the backward's recompute) it is used as is, so log p is the forward's exactly."""
+    z = torch.nn.functional.linear(h.to(dtype), w).float() / temperature
+    if lse is None:
+        lse = torch.logsumexp(z, dim=-1)
+    return z - lse[:, None], lse
+
+
 class HeadLogps(torch.autograd.Function):
     """(log softmax(h W^T / T) at the targets [N], entropies [N] or empty), `rows` positions at a
     time, in float32 from `dtype` logits. The backward recomputes each chunk's logits rather than
@@ -60,12 +70,10 @@ class HeadLogps(torch.autograd.Function):
         ent = hidden.new_empty(n if entropy else 0, dtype=torch.float32)
         w = weight.to(dtype)
         for i in range(0, n, rows):
-            z = torch.nn.functional.linear(hidden[i:i + rows].to(dtype), w).float() / temperature
-            lse[i:i + rows] = torch.logsumexp(z, dim=-1)
-            logp[i:i + rows] = z.gather(-1, targets[i:i + rows, None])[:, 0] - lse[i:i + rows]
+            log_p, lse[i:i + rows] = _chunk_log_probs(hidden[i:i + rows], w, None, temperature, dtype)
+            logp[i:i + rows] = log_p.gather(-1, targets[i:i + rows, None])[:, 0]
             if entropy:
-                shifted = z - lse[i:i + rows, None]                 # log p
-                ent[i:i + rows] = -(torch.exp(shifted) * shifted).sum(-1)
+                ent[i:i + rows] = -(torch.exp(log_p) * log_p).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.temperature, ctx.rows, ctx.entropy, ctx.dtype = temperature, rows, entropy, dtype
         return logp, ent
@@ -81,8 +89,7 @@ class HeadLogps(torch.autograd.Function):
             if ctx.needs_input_grad[1] else None
         for i in range(0, hidden.shape[0], rows):
             h = hidden[i:i + rows].to(dtype)
-            z = torch.nn.functional.linear(h, w).float() / t
-            shifted = z - lse[i:i + rows, None]                     # log p
+            shifted, _ = _chunk_log_probs(h, w, lse[i:i + rows], t, dtype)     # log p
             p = torch.exp(shifted)
             g1 = g_logp[i:i + rows, None]
             gz = -p * g1
