@@ -78,18 +78,22 @@ def run(args: argparse.Namespace) -> None:
     config.ppo.mini_batch = min(256, args.prompts)   # the paper: 256 of 512
     config.ppo.micro_batch = args.micro_batch
     config.ppo.forward_batch = args.forward_batch
+    config.ppo.compile = args.compile
     config.optim.steps = args.steps
     config.rollout.reuse_cache = args.reuse_cache
     config.log.tensorboard = False
     config.log.progress = False
     if args.variant == "before":   # and the update as it ran then: checkpointed, no-grad passes of a micro-batch
-        config.model.gradient_checkpointing, config.ppo.forward_batch = True, 0
+        config.model.gradient_checkpointing, config.ppo.forward_batch, config.ppo.compile = True, 0, False
         config.rollout.weights, config.rollout.attention, config.rollout.fused_sampling = "training", "matmul", False
         config.rollout.layers, config.rollout.lm_head = "model", "model"
         config.rollout.reuse_cache = False
     validate_rl(config, "bench/rl_cost.py")
     summary = run_rl(config)
     print(json.dumps(summary))
+    if args.compile:   # how many graphs torch.compile made: a recompile storm shows here
+        from torch._dynamo.utils import counters
+        print(json.dumps({"dynamo_stats": dict(counters["stats"])}))
 
 
 def report(args: argparse.Namespace) -> None:
@@ -178,6 +182,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=256, help="episodes decoded together (per process)")
     ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--compile", action="store_true",
+                    help="ppo.compile: the actor's, critic's and teacher's decoder layers through torch.compile")
     ap.add_argument("--forward-batch", type=int, default=16, help="rows per no-grad pass (ppo.forward_batch; 0: micro-batch)")
     ap.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=False,
                     help="gradient checkpointing (less memory, a recomputed forward; off by default)")

@@ -15,7 +15,7 @@ Variants (each row of the output), from what the first version computed to today
   unmasked+recomp   ... and the head's backward recomputes its logits (train/rl/models.py: the default)
 each with gradient checkpointing on and off, and `--profile` adds torch.profiler's top kernels of
 the first and the default variant, `--fused-norm` a row with every RMSNorm through torch's fused
-rms_norm, and `--compile` a row with each decoder layer compiled. The update of a step is about (rollouts / micro-batch) times a
+rms_norm, and `--compile` a row with each decoder layer compiled (ppo.compile). The update of a step is about (rollouts / micro-batch) times a
 micro-batch (512 / 4 = 128 at the paper's shape) plus two optimizer steps per mini-batch.
 Output: {"card", "commit", "shape", "rows": [{"variant", "checkpointing", "actor_s", "critic_s",
 "micro_batch_s", "update_estimate_s", "peak_gb"}], "no_grad": [...], "profile": {...}}.
@@ -145,10 +145,11 @@ def update_rows(args, device, sync, peak, reset_peak) -> list[dict]:
         with fused_rms_norms([actor, critic.body]):
             rows.append(measure("unmasked+recomp+fused-norm", False))
     # last: compiling changes the layers in place, and the rows and profiles above are eager
-    if args.compile:   # an experiment: each decoder layer through torch.compile (no switch in train)
+    if args.compile:   # each decoder layer through torch.compile, as ppo.compile does
+        from dgpo_edge.train.compiled_layers import compile_decoder_layers
+
         for model in (actor, critic.body):
-            for layer in model.model.layers if hasattr(model, "model") else model.layers:
-                layer.compile()
+            compile_decoder_layers(model)
         rows.append(measure("unmasked+recomp+compiled", False))
     use_variant(False, True)
     return rows

@@ -75,9 +75,10 @@ def test_the_before_variant_decodes_without_the_kept_cache(bench, monkeypatch, t
     monkeypatch.setattr(rl_config, "validate_rl", lambda config, where: None)
     for variant in ("before", "after"):
         bench.run(argparse.Namespace(work=tmp_path, data=tmp_path / "train.jsonl", retriever=tmp_path / "corpus.jsonl",
-                                     prompts=8, batch_size=8, micro_batch=2, forward_batch=16, checkpointing=False,
+                                     prompts=8, batch_size=8, micro_batch=2, forward_batch=16, checkpointing=False, compile=True,
                                      steps=1, reuse_cache=True, tag=variant, variant=variant))
     assert [c.rollout.reuse_cache for c in seen] == [False, True]
     assert (seen[0].rollout.weights, seen[1].rollout.weights) == ("training", "auto")
     # the first version's update: checkpointed, no-grad passes of one micro-batch
     assert [(c.model.gradient_checkpointing, c.ppo.forward_batch) for c in seen] == [(True, 0), (False, 16)]
+    assert [c.ppo.compile for c in seen] == [False, True]      # the first version compiled nothing

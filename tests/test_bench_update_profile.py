@@ -37,11 +37,11 @@ def test_variants_switch_the_mask_and_the_head(bench_script):
 def test_tiny_run_writes_every_variant(tmp_path):
     out = tmp_path / "u.json"
     subprocess.run([sys.executable, str(ROOT / "bench" / "update_profile.py"), "--tiny", "--device", "cpu",
-                    "--repeats", "1", "--profile", "--fused-norm", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
+                    "--repeats", "1", "--profile", "--fused-norm", "--compile", "--out", str(out)], check=True, capture_output=True, cwd=ROOT)
     result = json.loads(out.read_text())
     assert {(r["variant"], r["checkpointing"]) for r in result["rows"]} == {
         (v, c) for v in ("masked+kept", "unmasked+kept", "unmasked+recomp") for c in (True, False)} | {
-        ("unmasked+recomp+fused-norm", False)}
+        ("unmasked+recomp+fused-norm", False), ("unmasked+recomp+compiled", False)}
     assert all(r["micro_batch_s"] > 0 and r["update_estimate_s"] >= 0 for r in result["rows"])
     assert {r["pass"] for r in result["no_grad"]} == {"logp (student)", "teacher (3B shape)"}
     assert set(result["profile"]) == {"masked+kept", "unmasked+recomp"} and result["profile"]["masked+kept"]

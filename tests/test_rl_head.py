@@ -156,8 +156,8 @@ def test_right_padded_batches_need_no_mask(kind):
         mask[i, 5:n] = 1
     policy = PolicyHead(lm, rows=7)
 
-    def with_mask(input_ids, attention_mask=None):   # the base model as it ran before: always masked
-        return original(input_ids=input_ids, attention_mask=attention)
+    def with_mask(input_ids, attention_mask=None, **kwargs):   # the base model as it ran before: always masked
+        return original(input_ids=input_ids, attention_mask=attention, **kwargs)
 
     logp, ent = policy(ids, attention, mask, 0.8, True)
     (logp.sum() + ent.sum()).backward()

@@ -512,6 +512,30 @@ def test_pass_sizes_and_rounded_widths_change_no_metric(toy, tmp_path):
                 assert close(key, knobs[key], plain[key]), key
 
 
+def test_compiled_layers_change_no_metric_and_compile_few_graphs(toy, tmp_path):
+    """ppo.compile (train/compiled_layers.py) is a speed knob: two DGPO steps log the same numbers
+    up to float rounding, and the actor's, critic's and teacher's layers share a few graphs (a layer
+    given a KV cache would make one graph per layer, past torch._dynamo's recompile limit)."""
+    from torch._dynamo.utils import counters
+
+    runs = {}
+    for name in ("eager", "compiled"):
+        out = tmp_path / name
+        before = counters["stats"]["unique_graphs"]
+        run_rl(load_rl_config("dgpo", write_rl_config(toy, out, optim={"steps": 2},
+                                                      ppo={"compile": name == "compiled"})))
+        runs[name] = rows(out), counters["stats"]["unique_graphs"] - before
+    (eager, eager_graphs), (compiled, graphs) = runs["eager"], runs["compiled"]
+    assert eager_graphs == 0 and 0 < graphs <= 8, graphs
+    for a, b in zip(compiled, eager):
+        assert {k: a[k] for k in SAMPLED} == {k: b[k] for k in SAMPLED}
+        for key in a:
+            if key in AT_A_BOUND:
+                assert close(key, a[key], b[key]), key
+            elif key not in SAMPLED and a[key] not in ("", "nan"):
+                assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-3, abs=1e-5), key
+
+
 def test_the_report_split_is_recorded_at_every_evaluation_and_never_chosen_by(toy, tmp_path):
     """data.report: each evaluation appends the split's detailed row (EM per type, per-question
     scores) to report.jsonl; eval.csv and the best checkpoint's metrics hold dev only; a resumed

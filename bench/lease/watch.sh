@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, a watch call: wait, print where the lease's jobs stand, and bring back the small
 # results (the lanes' evaluations, bench/worlds_loo.sh's as worlds-eval.WORLD.jsonl, per-run metrics and reports, bench/rl_cost.py's runs, and any
-# JSON a job wrote under out/results/, e.g. bench/rollout.py --out out/results/rollout.json) as
+# JSON or log a job wrote under out/results/, e.g. bench/rollout.py --out out/results/rollout.json) as
 # $OUT/results.tgz, which a call returns (at most 8 files of 16 MiB).
 #   bash bench/lease/watch.sh SECONDS
 # Issue the next watch the moment one returns: a machine with no call in flight goes back after 30 s,
@@ -16,7 +16,7 @@ tail -n 20 out/logs/lanes.log 2>/dev/null
 for f in out/logs/rl-*.log out/logs/worlds-*.log out/results/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 2 "$f" | cut -c1-300; }; done
 [ -n "${OUT:-}" ] || exit 0
 r=$(mktemp -d)/results; mkdir -p "$r"
-cp out/eval/*.jsonl out/results/*.json out/bench-rl-cost/results.json "$r/" 2>/dev/null
+cp out/eval/*.jsonl out/results/*.json out/results/*.log out/bench-rl-cost/results.json "$r/" 2>/dev/null
 for f in out/worlds-eval/*.jsonl; do [ -f "$f" ] && cp "$f" "$r/worlds-eval.$(basename "$f")"; done
 for d in out/runs/* out/bench-rl-cost/run-*; do
   for f in metrics.csv report.jsonl summary.json; do [ -f "$d/$f" ] && cp "$d/$f" "$r/$(basename "$d").$f"; done

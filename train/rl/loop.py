@@ -55,6 +55,7 @@ from .models import (
     lm_full_vocab_kl,
     make_critic,
 )
+from ..compiled_layers import compile_decoder_layers
 from ..rollout import RolloutConfig, generate_rollouts, make_engine, observation_blocks
 from ..rollout_copy import RolloutCopy, wants_copy
 from ..models import load_frozen, load_lm, load_tokenizer
@@ -201,6 +202,10 @@ class RLTrainer:
         self.rollout_copy = RolloutCopy(self.lm) if wants_copy(r.weights, self.acc) else None
         self.engine = make_engine(self.rollout_lm, self.tokenizer, self.rollout_config)
         self.blocks = observation_blocks(self.tokenizer)   # kept across steps: passages come back
+        if c.ppo.compile:   # after the rollout copy and the engine were made from the eager layers
+            frozen = [] if c.teacher.load_in_8bit else [self.teacher]
+            for model in (self.lm, self.critic, *frozen):
+                compile_decoder_layers(model)
 
     def _prepare_ddp(self, policy: Any, actor_opt: Any, adam: Callable, schedule: Callable) -> None:
         """One process, or DDP: actor and critic prepared together by the one Accelerator."""

@@ -31,6 +31,15 @@ from ..attention import model_mask
 from . import math as rl_math
 
 
+def last_hidden(body: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The transformer body's last hidden states [B, L, H] for a training or scoring pass.
+
+    use_cache=False: transformers otherwise fills a KV cache on every forward, which nothing here
+    reads, and a layer called with a cache cannot go through torch.compile (train/compiled_layers.py).
+    """
+    return body(input_ids=input_ids, attention_mask=model_mask(attention_mask), use_cache=False).last_hidden_state
+
+
 def select_hidden(hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden states that predict the masked tokens [N, H], those tokens [N]), row-major order."""
     where = mask[:, 1:].bool()
@@ -149,7 +158,7 @@ class PolicyHead(torch.nn.Module):
         self.lm, self.rows = lm, rows
 
     def forward(self, input_ids, attention_mask, mask, temperature: float = 1.0, entropy: bool = False):
-        hidden = self.lm.base_model(input_ids=input_ids, attention_mask=model_mask(attention_mask)).last_hidden_state
+        hidden = last_hidden(self.lm.base_model, input_ids, attention_mask)
         h, targets = select_hidden(hidden, input_ids, mask)
         logp, ent = head_logps(self.lm.get_output_embeddings(), h, targets, temperature, entropy, self.rows)
         return scatter(logp, mask), None if ent is None else scatter(ent, mask)
@@ -170,7 +179,7 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids, attention_mask):
-        hidden = self.body(input_ids=input_ids, attention_mask=model_mask(attention_mask)).last_hidden_state
+        hidden = last_hidden(self.body, input_ids, attention_mask)
         v = self.head(hidden).squeeze(-1).float()
         return torch.nn.functional.pad(v[:, :-1], (1, 0))
 
@@ -201,11 +210,8 @@ def lm_full_vocab_kl(student: Any, teacher: Any, input_ids, attention_mask, mask
                   temperature: float = 1.0, rows: int = 2048) -> torch.Tensor:
     """Full-vocabulary KL per generated token [B, L] between the student's and the teacher's
     next-token distributions (`direction` reverse = KL(student || teacher))."""
-    attention = model_mask(attention_mask)
-    hs, targets = select_hidden(student.base_model(input_ids=input_ids, attention_mask=attention)
-                                .last_hidden_state, input_ids, mask)
-    ht, _ = select_hidden(teacher.base_model(input_ids=input_ids, attention_mask=attention)
-                          .last_hidden_state, input_ids, mask)
+    hs, targets = select_hidden(last_hidden(student.base_model, input_ids, attention_mask), input_ids, mask)
+    ht, _ = select_hidden(last_hidden(teacher.base_model, input_ids, attention_mask), input_ids, mask)
     head_s, head_t = student.get_output_embeddings(), teacher.get_output_embeddings()
     parts = []
     for i in range(0, hs.shape[0], rows):
