@@ -40,7 +40,9 @@ def compile_decoder_layers(model: Any) -> int:
     if layers:
         import torch._dynamo
 
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        config = torch._dynamo.config   # the limit's name before torch 2.7: cache_size_limit
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
     for layer in layers:
         if not getattr(layer, "_dgpo_compiled", False):
             layer.forward = _cache_free_compiled(layer.forward)   # an instance attribute: this layer only
