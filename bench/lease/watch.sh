@@ -2,7 +2,8 @@
 # On the GPU machine, a watch call: wait, print where the lease's jobs stand, and bring back the small
 # results (the lanes' evaluations, bench/worlds_loo.sh's as worlds-eval.WORLD.jsonl, per-run metrics and reports, bench/rl_cost.py's runs, and any
 # JSON or log a job wrote under out/results/, e.g. bench/rollout.py --out out/results/rollout.json) as
-# $OUT/results.tgz, which a call returns (at most 8 files of 16 MiB).
+# $OUT/results.tgz, which a call returns (at most 8 files of 16 MiB), and each KD adapter in out/pack as
+# $OUT/NAME-adapter.tgz.
 #   bash bench/lease/watch.sh SECONDS
 # Issue the next watch the moment one returns: a machine with no call in flight goes back after 30 s,
 # with everything on it. Editing code here while a lease runs means no call is in flight: a lease
@@ -21,4 +22,7 @@ for f in out/worlds-eval/*.jsonl; do [ -f "$f" ] && cp "$f" "$r/worlds-eval.$(ba
 for d in out/runs/* out/bench-rl-cost/run-*; do
   for f in metrics.csv report.jsonl summary.json; do [ -f "$d/$f" ] && cp "$d/$f" "$r/$(basename "$d").$f"; done
 done
-tar czf "$OUT/results.tgz" -C "$(dirname "$r")" results && ls -l "$OUT"
+tar czf "$OUT/results.tgz" -C "$(dirname "$r")" results
+# KD adapters that bench/worlds_loo.sh PACK=1 left in out/pack (each one file; a 24-layer LoRA r=32 is ~15 MiB)
+for d in out/pack/*-adapter; do [ -d "$d" ] && tar czf "$OUT/$(basename "$d").tgz" -C out/pack "$(basename "$d")"; done
+ls -l "$OUT"
