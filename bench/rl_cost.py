@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> None:
     validate_rl(config, "bench/rl_cost.py")
     summary = run_rl(config)
     print(json.dumps(summary))
-    if args.compile:   # how many graphs torch.compile made: a recompile storm shows here
+    if config.ppo.compile:   # how many graphs torch.compile made: a recompile storm shows here
         from torch._dynamo.utils import counters
         print(json.dumps({"dynamo_stats": dict(counters["stats"])}))
 
@@ -169,6 +169,11 @@ def speed(args: argparse.Namespace) -> None:
         "phases_before": {p: float(before[f"time_{p}_s"] or 0) for p in PHASES},
         "phases_after": {p: float(after[f"time_{p}_s"] or 0) for p in PHASES},
     }
+    result["speedup"] = round(result["paper_step_s_before"] / result["paper_step_s_after"], 2)
+    # Earlier measurements kept in the file as blocks (each with its own commit) stay; top-level
+    # fields and notes of the run this one replaces do not.
+    old = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    result.update({k: v for k, v in old.items() if isinstance(v, dict) and "commit" in v})
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 
@@ -196,7 +201,7 @@ def main() -> None:
     ap.add_argument("--tag", default="1gpu")
     ap.add_argument("--variant", choices=("before", "after"), default="after",
                     help="before: the first version's rollouts (training weights, matmul attention, eager sampling, "
-                         "no kept cache) and update (checkpointed, --forward-batch 0)")
+                         "no kept cache) and update (checkpointed, --forward-batch 0, --no-compile)")
     ap.add_argument("--rollout-json", type=Path, help="speed: bench/rollout.py's output at --batch 512")
     ap.add_argument("--standalone-json", type=Path,
                     help="speed: bench/rollout.py's output at the RL run's rollout batch (--batch-size; default: --rollout-json)")

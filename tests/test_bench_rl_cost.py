@@ -82,3 +82,24 @@ def test_the_before_variant_decodes_without_the_kept_cache(bench, monkeypatch, t
     # the first version's update: checkpointed, no-grad passes of one micro-batch
     assert [(c.model.gradient_checkpointing, c.ppo.forward_batch) for c in seen] == [(True, 0), (False, 16)]
     assert [c.ppo.compile for c in seen] == [False, True]      # the first version compiled nothing
+
+
+def test_speed_keeps_earlier_blocks_and_drops_the_replaced_fields(bench, tmp_path):
+    row = lambda step_s, tok_s: {"step": 2, "response_length": 2494, "rollout_tokens_per_s": tok_s,  # noqa: E731
+                                 "peak_mem_gb": 50, "time_step_s": step_s, "time_rollout_s": 25, "time_logp_s": 9,
+                                 "time_critic_s": 3, "time_teacher_s": 19, "time_update_s": 34}
+    _metrics(tmp_path / "run-before", [row(275.0, 7600.0)])
+    _metrics(tmp_path / "run-after", [row(90.0, 50000.0)])
+    engine = {"batch": 256, "qwen2.5-0.5b": {"fast_sampled": {"tokens_per_s": 60000.0}}}
+    (tmp_path / "b256.json").write_text(json.dumps(engine))
+    out = tmp_path / "rl_speed.json"
+    out.write_text(json.dumps({"paper_step_s_after": 1.0, "note": "the replaced run's",
+                               "older_run": {"commit": "abc1234", "paper_step_s": 101.8}}))
+    bench.speed(argparse.Namespace(work=tmp_path, rollout_json=tmp_path / "b256.json", standalone_json=None,
+                                   factbook_metrics=None, card="NVIDIA H200", commit="def5678", out=out))
+    got = json.loads(out.read_text())
+    assert got["older_run"] == {"commit": "abc1234", "paper_step_s": 101.8}
+    assert "note" not in got and got["commit"] == "def5678"
+    assert (got["paper_step_s_before"], got["paper_step_s_after"], got["speedup"]) == (275.0, 90.0, 3.06)
+    assert got["rollout_in_rl_vs_standalone"] == pytest.approx(50000 / 60000, abs=1e-3)
+    assert got["engine_b512_sampled_tok_s"] is None          # the engine JSON was not at batch 512

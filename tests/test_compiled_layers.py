@@ -11,6 +11,18 @@ transformers = pytest.importorskip("transformers")
 from dgpo_edge.train.compiled_layers import compile_decoder_layers, decoder_layers  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo(monkeypatch):
+    """No graphs from other tests (they would be reused, not counted), and the recompile limit that
+    compile_decoder_layers raises put back afterwards."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
+    yield
+    torch._dynamo.reset()
+
+
 def tiny_qwen2(layers: int = 2):
     torch.manual_seed(0)
     config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
@@ -35,11 +47,12 @@ def test_compiled_layers_give_the_eager_logits_and_gradients():
     assert compile_decoder_layers(compiled) == 2
     assert compile_decoder_layers(compiled) == 2          # a second call does not wrap twice
     ids = torch.randint(0, 64, (2, 11))
+    start = graphs()
     for model in (eager, compiled):
         model.train()
         model(ids, use_cache=False).logits.float().pow(2).mean().backward()   # as RL's passes call it
     before = graphs()
-    assert before > 0                                     # the compiled path did run
+    assert before > start                                 # the compiled path did run
     for width in (7, 13):                                 # other lengths: dynamic shapes, no new graph
         compiled(torch.randint(0, 64, (3, width)), use_cache=False)
     assert graphs() == before

@@ -13,6 +13,10 @@ hit torch._dynamo's recompile limit of 8 inside RL and the step got slower):
 - the remaining variants (grad on or off, train or eval mode) are few; the limit is raised so
   they never push a layer back to eager;
 - `dynamic=True`: sequence lengths change with every micro-batch.
+
+Compile after every copy of a model is made: a deep copy of a compiled layer keeps calling the
+original layer's forward (and its weights). train/rl/loop.py compiles once the critic, the frozen
+copies and the rollout copy exist.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ for d in out/runs/* out/bench-rl-cost/run-*; do
   for f in metrics.csv report.jsonl summary.json; do [ -f "$d/$f" ] && cp "$d/$f" "$r/$(basename "$d").$f"; done
 done
 tar czf "$OUT/results.tgz" -C "$(dirname "$r")" results
-# KD adapters that bench/worlds_loo.sh PACK=1 left in out/pack (each one file; a 24-layer LoRA r=32 is ~15 MiB)
+# KD adapters that bench/worlds_loo.sh PACK=1 left in out/pack, one file each: a 24-layer LoRA r=32 is about
+# 15 MiB; a 30-layer one (about 18.6 MiB) is over a call's 16 MiB limit and would not come back.
 for d in out/pack/*-adapter; do [ -d "$d" ] && tar czf "$OUT/$(basename "$d").tgz" -C out/pack "$(basename "$d")"; done
 ls -l "$OUT"

@@ -81,7 +81,7 @@ class PPOSection:
     # Each micro-batch is cut to its longest row, rounded up to a multiple of this: fewer distinct
     # shapes, so attention kernels that plan per shape (cuDNN's) reuse their plans; 1 = no rounding.
     pad_to_multiple: int = 1
-    # torch.compile the actor's and the critic's decoder layers (dynamic shapes; train/compiled_layers.py)
+    # torch.compile the decoder layers of the actor, the critic and the teacher (dynamic shapes; train/compiled_layers.py)
     # for the update and the no-grad passes: fused elementwise kernels, the same math up to rounding;
     # the first step pays the compilation.
     compile: bool = False

@@ -205,7 +205,9 @@ class RLTrainer:
         if c.ppo.compile:   # after the rollout copy and the engine were made from the eager layers
             frozen = [] if c.teacher.load_in_8bit else [self.teacher]
             for model in (self.lm, self.critic, *frozen):
-                compile_decoder_layers(model)
+                if model is not None and compile_decoder_layers(model) == 0:
+                    print(f"warning: ppo.compile found no *DecoderLayer in {type(model).__name__}; it runs eagerly",
+                          flush=True)
 
     def _prepare_ddp(self, policy: Any, actor_opt: Any, adam: Callable, schedule: Callable) -> None:
         """One process, or DDP: actor and critic prepared together by the one Accelerator."""
