@@ -435,7 +435,9 @@ def test_yaml_algorithm_must_match_the_command(toy, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_cpu_processes_split_the_rollouts(toy, tmp_path):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_two_cpu_processes_split_the_rollouts(toy, tmp_path, compiled):
+    # compiled: ppo.compile under DDP, as the paper config runs on 8 GPUs
     import socket
 
     from safetensors.torch import load_file
@@ -444,7 +446,7 @@ def test_two_cpu_processes_split_the_rollouts(toy, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "ddp"
-    config = write_rl_config(toy, out, optim={"steps": 2}, ppo={"mini_batch": 4, "micro_batch": 2})
+    config = write_rl_config(toy, out, optim={"steps": 2}, ppo={"mini_batch": 4, "micro_batch": 2, "compile": compiled})
     # The same thread count as this process: summation order then matches, so counts at a threshold
     # (clip fractions) do not flip on a last-bit difference.
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "TOKENIZERS_PARALLELISM": "false"}
@@ -453,6 +455,7 @@ def test_two_cpu_processes_split_the_rollouts(toy, tmp_path):
               "-m", "dgpo_edge", "train", "dgpo", "--config", str(config)]
     done = subprocess.run(launch, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ppo.compile found no" not in done.stdout                       # the DDP-wrapped layers were found
     summary = json.loads((out / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["rollouts"] == 2 * 8      # 4 questions per process per step
     assert done.stdout.count("dgpo: 2 steps") == 1                         # one report, from rank 0
