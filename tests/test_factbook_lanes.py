@@ -228,3 +228,12 @@ def test_each_rl_row_runs_its_trainer_with_the_shared_settings(rows, method, com
 def test_an_unknown_row_method_is_refused(rows):
     r, args = rows("dgpo_ppo")
     assert r.returncode == 2 and "unknown method dgpo_ppo" in r.stderr and not args
+
+
+def test_a_deeper_adapter_starts_from_a_base_of_its_depth(rows):
+    r, args = rows("dgpo", START="adapter")
+    assert r.returncode == 0, r.stderr
+    assert _value(args, "model.path") == "out/models/smollm2-135m-15l"
+    r, args = rows("dgpo", START="adapter", STUDENT_LAYERS="24")
+    assert r.returncode == 0, r.stderr
+    assert _value(args, "model.path") == "out/models/smollm2-135m-24l"
