@@ -18,7 +18,6 @@ when complete; a bad adapter is one `error:` line and exit status 2.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from dgpo_edge.bundle.student import SHIPPED, read_adapter, shipped_student
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import replace_dir
+from dgpo_edge.jsonio import file_digest, replace_dir
 from dgpo_edge.train.models import evenly_spaced_layers
 
 FILES = ("adapter_config.json", "adapter_model.safetensors", "norms.safetensors")   # the last one optional
@@ -48,7 +47,7 @@ def student_spec(adapter: Path, like: dict, name: str, trained: dict) -> dict:
     base_layers = max(like["layers"]) + 1
     if depth > base_layers:
         raise InputError(f"the adapter has {depth} layers, the base only {base_layers}", adapter)
-    digests = {f: hashlib.sha256((adapter / f).read_bytes()).hexdigest() for f in FILES if (adapter / f).is_file()}
+    digests = {f: file_digest(adapter / f)["sha256"] for f in FILES if (adapter / f).is_file()}
     keep = ("base", "quant", "index_kind", "protocol")
     return {"name": name, **{k: like[k] for k in keep}, "layers": evenly_spaced_layers(base_layers, depth),
             "adapter": digests, "trained": trained}

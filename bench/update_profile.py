@@ -69,13 +69,15 @@ def batch(rows: int, width: int, generated: float, vocab: int, device, seed: int
 
 
 def use_variant(masked: bool, recompute: bool) -> None:
-    """Switch train/rl/models.py to a variant (module globals its forwards look up at call time)."""
+    """Switch the training passes to a variant (module globals their forwards look up at call time:
+    train/attention.py's mask, train/rl/models.py's head)."""
+    from dgpo_edge.train import attention
     from dgpo_edge.train.rl import models
 
     if not hasattr(models, "_speed_paths"):
-        models._speed_paths = (models.model_mask, models.head_logps)
+        models._speed_paths = (attention.model_mask, models.head_logps)
     mask_fn, head_fn = models._speed_paths
-    models.model_mask = (lambda m: m) if masked else mask_fn
+    attention.model_mask = (lambda m: m) if masked else mask_fn
     models.head_logps = head_fn if recompute else models.kept_logits_logps
 
 

@@ -19,16 +19,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_variants_switch_the_mask_and_the_head(bench_script):
+    from dgpo_edge.train import attention
     from dgpo_edge.train.rl import models
 
     bench = bench_script("update_profile")
     right = torch.tensor([[1, 1, 0]])
     try:
         bench.use_variant(masked=True, recompute=False)
-        assert models.model_mask(right) is right
+        assert attention.model_mask(right) is right
         assert models.head_logps is models.kept_logits_logps
         bench.use_variant(masked=False, recompute=True)
-        assert models.model_mask(right) is None
+        assert attention.model_mask(right) is None
         assert models.head_logps is not models.kept_logits_logps
     finally:
         bench.use_variant(masked=False, recompute=True)   # the defaults, for the tests that follow

@@ -123,7 +123,7 @@ def test_right_padded_batches_train_the_same_without_a_mask(chunk, kind, monkeyp
     pytest.importorskip("transformers")
     import test_rollout_support as support
 
-    from dgpo_edge.train import losses
+    from dgpo_edge.train import attention as masks, losses
 
     student, teacher = support.tiny_model("llama", 97, seed=1), support.tiny_model("llama", 97, seed=2)
     ids = torch.randint(0, 97, (3, 16), generator=torch.Generator().manual_seed(0))
@@ -135,7 +135,7 @@ def test_right_padded_batches_train_the_same_without_a_mask(chunk, kind, monkeyp
     results = []
     for masked in (False, True):
         if masked:
-            monkeypatch.setattr(losses, "model_mask", lambda m: m)
+            monkeypatch.setattr(masks, "model_mask", lambda m: m)
         student.zero_grad()
         soft = losses.teacher_targets(teacher, ids, attention, target, chunked=bool(chunk)) if kind != "ce" else None
         loss = losses.MaskedLMLoss(student, chunk_size=chunk)(ids, attention, target, kind=kind, teacher=soft)

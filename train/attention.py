@@ -1,4 +1,4 @@
-"""The attention mask a causal model is given in training passes.
+"""The attention mask (and no KV cache) a causal model is given in training passes.
 
 Training batches here are padded on the right (train/data.py `collate`, train/rl/batch.py `pack`).
 Under causal attention a real token never sees the padding after it, so such a batch needs no mask:
@@ -21,3 +21,12 @@ def model_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
     tokens before it; the mask itself otherwise (left padding, holes)."""
     right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
     return None if right_padded else attention_mask
+
+
+def last_hidden(body, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """A transformer body's last hidden states [B, L, H] in a training or scoring pass.
+
+    use_cache=False: transformers otherwise fills a KV cache on every forward, which no such pass
+    reads, and a layer called with a cache cannot go through torch.compile (train/compiled_layers.py).
+    """
+    return body(input_ids=input_ids, attention_mask=model_mask(attention_mask), use_cache=False).last_hidden_state

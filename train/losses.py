@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .attention import model_mask
+from . import attention   # attention.model_mask: one place decides the mask of every training pass
 
 SOFT_LOSSES = ("forward_kl", "reverse_kl", "jsd")
 
@@ -200,13 +200,13 @@ class MaskedLMLoss(torch.nn.Module):
         n = sel.sum().clamp(min=1)
         targets = torch.roll(input_ids, shifts=-1, dims=1)[sel]
         if self.chunk_size:
-            hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=model_mask(attention_mask)).last_hidden_state
+            hidden = attention.last_hidden(self.lm.get_decoder(), input_ids, attention_mask)
             weights = torch.full((int(sel.sum()),), 1.0, device=hidden.device) / n
             t = teacher or {}
             return chunked_head_loss(hidden[sel], self.lm.get_output_embeddings().weight, weights,
                                      h_t=t.get("hidden"), w_t=t.get("head"), targets=targets, kind=kind,
                                      beta=beta, temperature=temperature, chunk=self.chunk_size)
-        logits = self.lm(input_ids=input_ids, attention_mask=model_mask(attention_mask)).logits[sel]
+        logits = self.lm(input_ids=input_ids, attention_mask=attention.model_mask(attention_mask)).logits[sel]
         t_logits = teacher.get("logits") if teacher else None
         return token_losses(logits, t_logits, targets, kind, beta, temperature).sum() / n
 
@@ -217,6 +217,6 @@ def teacher_targets(teacher: torch.nn.Module, input_ids, attention_mask, target_
     """What a soft loss needs from the frozen teacher at the generated positions."""
     sel = target_mask > 0
     if chunked:
-        hidden = teacher.get_decoder()(input_ids=input_ids, attention_mask=model_mask(attention_mask)).last_hidden_state
+        hidden = attention.last_hidden(teacher.get_decoder(), input_ids, attention_mask)
         return {"hidden": hidden[sel], "head": teacher.get_output_embeddings().weight}
-    return {"logits": teacher(input_ids=input_ids, attention_mask=model_mask(attention_mask)).logits[sel]}
+    return {"logits": teacher(input_ids=input_ids, attention_mask=attention.model_mask(attention_mask)).logits[sel]}

@@ -15,7 +15,7 @@ holds its hidden states and two numbers per position instead of several
 per 2,048 positions).
 
 Rows are padded on the right, so the models get no attention mask
-(train/attention.py `model_mask`): PyTorch's fused causal attention instead of
+(train/attention.py `last_hidden`): PyTorch's fused causal attention instead of
 a masked kernel, the same values at real tokens.
 """
 
@@ -27,17 +27,8 @@ import torch
 
 from dgpo_edge.errors import InputError
 
-from ..attention import model_mask
+from ..attention import last_hidden
 from . import math as rl_math
-
-
-def last_hidden(body: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The transformer body's last hidden states [B, L, H] for a training or scoring pass.
-
-    use_cache=False: transformers otherwise fills a KV cache on every forward, which nothing here
-    reads, and a layer called with a cache cannot go through torch.compile (train/compiled_layers.py).
-    """
-    return body(input_ids=input_ids, attention_mask=model_mask(attention_mask), use_cache=False).last_hidden_state
 
 
 def select_hidden(hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
