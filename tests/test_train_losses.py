@@ -145,3 +145,23 @@ def test_right_padded_batches_train_the_same_without_a_mask(chunk, kind, monkeyp
     torch.testing.assert_close(plain, with_mask, rtol=1e-5, atol=1e-6)
     for a, b in zip(plain_grads, mask_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_training_passes_build_no_kv_cache(chunk):
+    """Nothing decodes from a loss pass, so neither the student's nor the teacher's forward may fill a
+    KV cache (transformers does by default: memory and time for nothing)."""
+    pytest.importorskip("transformers")
+    from dgpo_edge.train import losses
+
+    student, teacher = _tiny_lm(), _tiny_lm()
+    seen = []
+    for model in (student, teacher):
+        model.register_forward_hook(lambda m, args, kwargs, out: seen.append(out.past_key_values), with_kwargs=True)
+        model.model.register_forward_hook(lambda m, args, kwargs, out: seen.append(out.past_key_values),
+                                          with_kwargs=True)
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    attn, target = torch.ones_like(ids), torch.tensor([[0, 0, 1, 1, 1, 0]], dtype=torch.float32)
+    soft = losses.teacher_targets(teacher, ids, attn, target, chunked=bool(chunk))
+    losses.MaskedLMLoss(student, chunk_size=chunk)(ids, attn, target, kind="forward_kl", teacher=soft)
+    assert len(seen) >= 2 and all(cache is None for cache in seen)

@@ -206,7 +206,8 @@ class MaskedLMLoss(torch.nn.Module):
             return chunked_head_loss(hidden[sel], self.lm.get_output_embeddings().weight, weights,
                                      h_t=t.get("hidden"), w_t=t.get("head"), targets=targets, kind=kind,
                                      beta=beta, temperature=temperature, chunk=self.chunk_size)
-        logits = self.lm(input_ids=input_ids, attention_mask=attention.model_mask(attention_mask)).logits[sel]
+        logits = self.lm(input_ids=input_ids, attention_mask=attention.model_mask(attention_mask),
+                         use_cache=False).logits[sel]   # no KV cache: nothing decodes from this pass
         t_logits = teacher.get("logits") if teacher else None
         return token_losses(logits, t_logits, targets, kind, beta, temperature).sum() / n
 
@@ -219,4 +220,5 @@ def teacher_targets(teacher: torch.nn.Module, input_ids, attention_mask, target_
     if chunked:
         hidden = attention.last_hidden(teacher.get_decoder(), input_ids, attention_mask)
         return {"hidden": hidden[sel], "head": teacher.get_output_embeddings().weight}
-    return {"logits": teacher(input_ids=input_ids, attention_mask=attention.model_mask(attention_mask)).logits[sel]}
+    logits = teacher(input_ids=input_ids, attention_mask=attention.model_mask(attention_mask), use_cache=False).logits
+    return {"logits": logits[sel]}
