@@ -162,6 +162,17 @@ def test_rl_non_finite_numbers_are_refused(tmp_path, override, key):
     assert f"'{key}'" in str(info.value) and "finite" in str(info.value)
 
 
+def test_rl_points_model_compile_to_ppo_compile(tmp_path):
+    """ModelSection is shared with SFT/KD, whose compile switch RL would silently ignore."""
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
+    assert load_rl_config("dgpo", path, ["rollout.prompts_per_step=256", "ppo.compile=true"]).ppo.compile
+    with pytest.raises(InputError) as info:
+        load_rl_config("dgpo", path, ["rollout.prompts_per_step=256", "model.compile=true"])
+    assert "'model.compile'" in str(info.value) and "ppo.compile" in str(info.value)
+
+
 def test_old_protocol_keys_load_with_a_warning_naming_the_new_key(tmp_path, capsys):
     from dgpo_edge.train.rl.config import load_rl_config
 

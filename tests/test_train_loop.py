@@ -122,6 +122,44 @@ def test_kd_losses_train_the_student(toy, tmp_path, loss):
     assert all(not (before[k] == after[k]).all() for k in before)
 
 
+@pytest.mark.parametrize("stage, lora", [("sft", None), ("kd", {"r": 4, "train_norms": True})])
+def test_model_compile_changes_no_logged_number(toy, tmp_path, monkeypatch, stage, lora):
+    """model.compile (train/compiled_layers.py) is a speed knob: the same steps log the same losses and
+    gradient norms up to float rounding, and weights end the same; KD compiles the student (here with
+    a LoRA adapter, as the KD recipe trains) and the teacher."""
+    import torch._dynamo
+    import yaml
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()   # graphs another test compiled would be reused here and not counted
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
+    kd = {"kd": {"teacher": str(toy["teacher"]), "loss": "forward_kl"}} if stage == "kd" else {}
+    runs = {}
+    for name in ("eager", "compiled"):
+        config = write_config(tmp_path / f"{name}.yaml", toy["student"], toy["train"], tmp_path / name,
+                              optim={"max_steps": 3, "batch_size": 2}, **kd, **({"lora": lora} if lora else {}))
+        values = yaml.safe_load(config.read_text())
+        values["model"]["compile"] = name == "compiled"
+        config.write_text(yaml.safe_dump(values))
+        before = counters["stats"]["unique_graphs"]
+        (_kd if stage == "kd" else _sft)(config)
+        runs[name] = read_metrics(tmp_path / name / "metrics.csv"), counters["stats"]["unique_graphs"] - before
+    (eager, eager_graphs), (compiled, graphs) = runs["eager"], runs["compiled"]
+    assert eager_graphs == 0 and graphs > 0
+    assert len(eager) == len(compiled) == 3
+    for a, b in zip(compiled, eager):
+        assert a["tokens"] == b["tokens"]
+        for key in ("loss", "grad_norm"):
+            assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-4, abs=1e-6), (key, a, b)
+    last = "checkpoints/last/adapter/adapter_model.safetensors" if lora else "checkpoints/last/model.safetensors"
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(tmp_path / "compiled" / last), load_file(tmp_path / "eager" / last)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-4)   # Adam: a rounding-size gradient moves a weight a step
+
+
 def test_kd_on_policy_mixing_samples_from_the_student(toy, tmp_path):
     from dgpo_edge.train import kd as kd_module
 

@@ -1,4 +1,5 @@
-"""Decoder layers through torch.compile, for the training passes (RL's `ppo.compile`).
+"""Decoder layers through torch.compile, for the training passes (RL's `ppo.compile`, SFT's and KD's
+`model.compile`).
 
 Why: in the RL update most of the GPU time that is not a matrix product is elementwise work
 (RMSNorm, SiLU gating, dtype casts around the float32 residual stream under bf16 autocast),
@@ -52,6 +53,14 @@ def compile_decoder_layers(model: Any) -> int:
             layer.forward = _cache_free_compiled(layer.forward)   # an instance attribute: this layer only
             layer._dgpo_compiled = True
     return len(layers)
+
+
+def compile_models(models: list, knob: str) -> None:
+    """compile_decoder_layers on each model (None skipped), with a warning for one that has no decoder
+    layer: `knob` (the config key that asked) then changes nothing, and the user should know."""
+    for model in models:
+        if model is not None and compile_decoder_layers(model) == 0:
+            print(f"warning: {knob} found no *DecoderLayer in {type(model).__name__}; it runs eagerly", flush=True)
 
 
 def _cache_free_compiled(forward: Callable) -> Callable:

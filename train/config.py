@@ -49,6 +49,10 @@ class ModelSection:
     tokenizer: str | None = None  # defaults to `path`
     random_init: dict | None = None  # build a random model from path's config with these overrides
     gradient_checkpointing: bool = False
+    # torch.compile the decoder layers of the trained model (and of KD's teacher) for the training
+    # passes (train/compiled_layers.py: dynamic shapes, decoding stays eager); the same math up to
+    # rounding, the first steps pay the compilation. RL has its own switch, ppo.compile.
+    compile: bool = False
 
 
 @dataclass

@@ -76,6 +76,7 @@ def run_kd(config: KDConfig, on_step: Callable | None = None) -> dict:
     """Distil per `config`; returns the trainer's summary."""
     import torch
 
+    from .compiled_layers import compile_models
     from .lora import apply_lora
     from .losses import MaskedLMLoss, teacher_targets
     from .plumbing import make_accelerator, whole_weights, zero_stage
@@ -93,6 +94,8 @@ def run_kd(config: KDConfig, on_step: Callable | None = None) -> dict:
     if config.model.gradient_checkpointing:
         student.gradient_checkpointing_enable()
     apply_lora(student, config.lora)
+    if config.model.compile:   # the teacher's no-grad passes too
+        compile_models([student, teacher], "model.compile")
     examples, stats = load_trajectories(config.data.train, tokenizer, max_length=config.data.max_length,
                                         only_correct=config.data.only_correct,
                                         chat_template=config.data.chat_template, limit=config.data.limit)

@@ -19,6 +19,7 @@ def run_sft(config: SFTConfig, on_step: Callable | None = None) -> dict:
     """Train per `config`; returns the trainer's summary (also written to out_dir/summary.json)."""
     import torch
 
+    from .compiled_layers import compile_models
     from .data import load_trajectories, report_data
     from .evaluation import make_eval_fn
     from .lora import apply_lora
@@ -36,6 +37,8 @@ def run_sft(config: SFTConfig, on_step: Callable | None = None) -> dict:
     if config.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     apply_lora(model, config.lora)
+    if config.model.compile:
+        compile_models([model], "model.compile")
     examples, stats = load_trajectories(config.data.train, tokenizer, max_length=config.data.max_length,
                                         only_correct=config.data.only_correct,
                                         chat_template=config.data.chat_template, limit=config.data.limit)

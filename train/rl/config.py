@@ -205,6 +205,9 @@ def validate_rl(config: RLConfig, path) -> None:
                        ("data.train", config.data.train), ("data.retriever", config.data.retriever)):
         if not value:
             bad(key, "is required")
+    if config.model.compile:   # shared with SFT/KD's ModelSection; RL's switch also covers critic and teacher
+        bad("model.compile", "is for `train sft` and `train kd`; RL compiles the actor, critic and teacher "
+                             "with ppo.compile")
     _validate_rollout(config, bad)
     validate_lora(config.lora, bad)
     _validate_ppo(config.ppo, bad)

@@ -55,7 +55,7 @@ from .models import (
     lm_full_vocab_kl,
     make_critic,
 )
-from ..compiled_layers import compile_decoder_layers
+from ..compiled_layers import compile_models
 from ..rollout import RolloutConfig, generate_rollouts, make_engine, observation_blocks
 from ..rollout_copy import RolloutCopy, wants_copy
 from ..models import load_frozen, load_lm, load_tokenizer
@@ -204,10 +204,7 @@ class RLTrainer:
         self.blocks = observation_blocks(self.tokenizer)   # kept across steps: passages come back
         if c.ppo.compile:   # after the rollout copy and the engine were made from the eager layers
             frozen = [] if c.teacher.load_in_8bit else [self.teacher]
-            for model in (self.lm, self.critic, *frozen):
-                if model is not None and compile_decoder_layers(model) == 0:
-                    print(f"warning: ppo.compile found no *DecoderLayer in {type(model).__name__}; it runs eagerly",
-                          flush=True)
+            compile_models([self.lm, self.critic, *frozen], "ppo.compile")
 
     def _prepare_ddp(self, policy: Any, actor_opt: Any, adam: Callable, schedule: Callable) -> None:
         """One process, or DDP: actor and critic prepared together by the one Accelerator."""
