@@ -16,7 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 depths=("$@")
 [ ${#depths[@]} -gt 0 ] || depths=(15 24 30)
-export WEIGHTS=${WEIGHTS:-factbook=0.5 cities=0.1 dictionary=0.1 elements=0.08 notes=0.074 notes@2=0.074 notes@3=0.074}
+source bench/worlds_weights.sh
+export WEIGHTS=${WEIGHTS:-$SHIPPED_WEIGHTS}
 export DGPO_MINUTES=0 MIX_DEV=1 EVAL_WORLDS=${EVAL_WORLDS:-factbook notes} COLLECT=0
 results=${RESULTS:-out/results/worlds.json}
 py=${PYTHON:-python3}

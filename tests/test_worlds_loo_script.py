@@ -83,3 +83,16 @@ def test_worlds_depths_runs_one_lane_per_depth_and_the_teacher_once(work):
     # collected once, after both lanes, into RESULTS
     assert [c for c in calls if "worlds_results.py" in c] == [calls[-1]]
     assert calls[-1].endswith(f"--out {work / 'worlds.json'}")
+
+
+def test_worlds_depths_defaults_to_the_shipped_mixture(work):
+    """Without WEIGHTS, the mixture is bench/worlds_weights.sh's (which bench/lease/prepare.sh builds too)."""
+    environ = {**os.environ, "PYTHON": str(work / "python"), "WORK_DIR": str(work / "out"), "PREP_STUDENT": "0",
+               "COMMIT": "abc1234", "GPUS": "", "RESULTS": str(work / "worlds.json")}
+    environ.pop("WEIGHTS", None)
+    (work / "out" / "worlds-mix" / "all" / "manifest.json").unlink()   # so the lane mixes
+    subprocess.run(["bash", str(ROOT / "bench" / "worlds_depths.sh"), "15"], check=True, env=environ,
+                   cwd=ROOT, capture_output=True, timeout=60)
+    shipped = (ROOT / "bench" / "worlds_weights.sh").read_text().split('SHIPPED_WEIGHTS="')[1].split('"')[0].split()
+    mix = next(c for c in (work / "calls.log").read_text().splitlines() if " data mix " in c)
+    assert [a for a in mix.split() if "=" in a and not a.startswith("-")] == shipped

