@@ -524,15 +524,19 @@ def test_compiled_layers_change_no_metric_and_compile_few_graphs(toy, tmp_path, 
 
     torch._dynamo.reset()   # graphs another test compiled would be reused here and not counted
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
-    runs = {}
+    runs, per_step = {}, []
     for name in ("eager", "compiled"):
         out = tmp_path / name
         before = counters["stats"]["unique_graphs"]
         run_rl(load_rl_config("dgpo", write_rl_config(toy, out, optim={"steps": 2},
-                                                      ppo={"compile": name == "compiled"})))
+                                                      ppo={"compile": name == "compiled"})),
+               on_step=lambda step, row: per_step.append(counters["stats"]["unique_graphs"]))
         runs[name] = rows(out), counters["stats"]["unique_graphs"] - before
     (eager, eager_graphs), (compiled, graphs) = runs["eager"], runs["compiled"]
     assert eager_graphs == 0 and 0 < graphs <= 8, graphs
+    # step 2 compiles nothing new: scoring runs in the update's (training) mode from step 1 on
+    # (before, step 1 scored in the eval mode the models load in, and step 2 compiled a graph more)
+    assert per_step[2] == per_step[3], per_step
     assert len(compiled) == len(eager) == 2
     for a, b in zip(compiled, eager):
         assert a.keys() == b.keys() and {k: a[k] for k in SAMPLED} == {k: b[k] for k in SAMPLED}

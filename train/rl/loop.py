@@ -347,6 +347,7 @@ class RLTrainer:
     def _score(self, batch: StepBatch, clock: _Clock) -> dict:
         """old log-probs, values, reference and teacher terms, rewards, advantages ([B, L] each)."""
         c = self.config
+        self._train_mode()   # as the update will be: one mode, so compiled layers need no eval-mode graph
         out: dict[str, Any] = {"old_logp": self._forward_all(lambda b: self.policy(
             b.input_ids, b.attention_mask, b.mask, c.rollout.temperature)[0], batch)}
         clock.lap("logp")
@@ -407,6 +408,15 @@ class RLTrainer:
         to_go = s["penalty"].flip(-1).cumsum(-1).flip(-1)
         return (group[:, None] - to_go) * batch.mask, None
 
+    def _train_mode(self) -> None:
+        """Actor and critic in training mode for scoring and the update alike. The models load in eval
+        mode, so step 1's old log-probs and values used to run in eval mode and later steps' in
+        training mode: the same numbers without dropout, but under ppo.compile one more graph per pass,
+        compiled inside step 2."""
+        self.policy.train()
+        if self.critic is not None:
+            self.critic.train()
+
     def _sum(self, value: torch.Tensor) -> torch.Tensor:
         """`value` summed over all processes (the global batch's statistics for ppo.whiten=reference)."""
         return self.acc.reduce(value, "sum") if self.world > 1 else value
@@ -434,9 +444,7 @@ class RLTrainer:
         n = batch.input_ids.shape[0]
         per_mini = c.ppo.mini_batch // self.world   # rollouts per optimizer step on this process
         totals: dict[str, float] = {}
-        self.policy.train()
-        if self.critic is not None:
-            self.critic.train()
+        self._train_mode()
         for epoch in range(c.ppo.epochs):
             g = torch.Generator().manual_seed(step_seed(c.run.seed, self.state.step, self.rank, 1000 + epoch))
             perm = torch.randperm(n, generator=g).to(batch.mask.device)
