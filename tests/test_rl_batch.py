@@ -82,3 +82,33 @@ def test_pack_rounds_the_width_up_and_pads_with_masked_columns():
     assert plain.input_ids.shape == (2, 10) and rounded.input_ids.shape == (2, 16) and rounded.multiple == 8
     assert torch.equal(rounded.attention_mask[:, :10], plain.attention_mask)
     assert int(rounded.attention_mask[:, 10:].sum()) == 0 and int(rounded.mask[:, 10:].sum()) == 0
+
+
+def test_pack_places_every_field_of_every_row_and_refuses_ragged_rollouts():
+    """pack flattens each field of all rollouts into one array and scatters it into the padded
+    tensors: every row gets its own values, whatever the lengths; fields of unequal length refuse."""
+    import random
+
+    from dgpo_edge.train.rl.batch import pack
+
+    class R:  # the fields pack reads from a Rollout
+        def __init__(self, ids, mask, logprobs, score=0.0):
+            self.token_ids, self.loss_mask, self.logprobs, self.score = ids, mask, logprobs, score
+
+    rng = random.Random(0)
+    rows = []
+    for n in (7, 1, 12, 3, 12, 5):
+        rows.append(R([rng.randrange(1000) for _ in range(n)], [0] + [rng.choice([0, 1]) for _ in range(n - 1)],
+                      [-rng.random() for _ in range(n)], float(n % 2)))
+    batch = pack(rows, list(range(len(rows))), pad_id=-7, device="cpu", multiple=4)
+    assert batch.input_ids.shape == (6, 16)
+    for i, r in enumerate(rows):
+        n = len(r.token_ids)
+        assert batch.input_ids[i, :n].tolist() == r.token_ids and batch.input_ids[i, n:].eq(-7).all()
+        assert batch.attention_mask[i].tolist() == [1] * n + [0] * (16 - n)
+        assert batch.mask[i, :n].tolist() == r.loss_mask and not batch.mask[i, n:].any()
+        torch.testing.assert_close(batch.sample_logp[i, :n], torch.tensor(r.logprobs, dtype=torch.float32))
+    assert batch.scores.tolist() == [r.score for r in rows]
+    rows[2].logprobs = rows[2].logprobs[:-1]
+    with pytest.raises(ValueError, match="12 ids, 12 mask values and 11 log-probs"):
+        pack(rows, list(range(len(rows))), 0, "cpu")

@@ -565,3 +565,30 @@ def test_fast_engine_rejects_unknown_options(random_llama, smol_tok):
         FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), layers="fused")
     with pytest.raises(ValueError, match="attention must be one of"):
         FastDecoder(random_llama, smol_tok, protocol.STOP_STRINGS, (), attention="flash")
+
+
+@pytest.mark.parametrize("which", ["smollm2", "qwen2"])
+def test_turn_texts_decode_as_the_tokenizer_does_row_by_row(which, request):
+    """A round's turns decoded in one call of the fast tokenizer's backend give, row for row, what
+    `tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)` gives:
+    special and added tokens, byte pieces of split characters and empty turns included."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from dgpo_edge.train.rollout import turn_texts
+
+    tok = (request.getfixturevalue("smol_tok") if which == "smollm2"
+           else AutoTokenizer.from_pretrained(request.getfixturevalue("qwen_dir")))
+    rng = random.Random(0)
+    text = "<think> Zürich — 東京 </think>\n<search> coastline </search> <|im_end|> Ω"
+    rows = [tok.encode(text, add_special_tokens=False), [], [tok.eos_token_id]]
+    rows += [[rng.randrange(len(tok)) for _ in range(rng.randrange(1, 60))] for _ in range(40)]
+    want = [tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in rows]
+    assert turn_texts(tok, rows) == want and want[0] == text
+
+    class RowByRow:   # a tokenizer without a Rust backend takes the per-row path
+        def decode(self, ids, **kwargs):
+            return tok.decode(ids, **kwargs)
+
+    assert turn_texts(RowByRow(), rows[:5]) == want[:5]

@@ -163,6 +163,26 @@ def test_plain_encoder_cuts_overlapping_tokens_and_keeps_plain_text_whole():
     assert plain("no tokens here, x") == list(b"no tokens here, x") and seen == ["no tokens here, x"]
 
 
+def test_plain_encoder_keeps_recent_texts_and_hands_out_fresh_lists():
+    """The same feedback is forced after every invalid turn: it is encoded once, and a caller that
+    extends the list it got changes nothing another caller gets."""
+    seen: list[str] = []
+
+    def spy(text: str) -> list[int]:
+        seen.append(text)
+        return list(text.encode())
+
+    for added in (["<tok>"], []):   # with pieces to cut, and without
+        seen.clear()
+        plain = plain_encoder(spy, added)
+        first = plain("invalid <tok> action")
+        first.append(0)
+        again = plain("invalid <tok> action")
+        assert bytes(again).decode() == "invalid <tok> action" and again is not first
+        assert seen == (["invalid <", "tok> action"] if added else ["invalid <tok> action"])   # encoded once
+        assert plain("other") == list(b"other") and seen[-1] == "other"
+
+
 @pytest.mark.parametrize("library", ["tokenizers", "transformers"])
 def test_plain_batch_encoder_encodes_what_plain_encodes_in_one_call(library, qwen_fast, qwen_hf):
     """The batch encoder the RL rollouts fit and encode observations with gives plain(text) for

@@ -227,8 +227,7 @@ def _play(episodes: list[Episode], engine: Any, tokenizer: Any, retriever: Retri
         resume = config.reuse_cache
         t1 = time.perf_counter()
         searching: list[tuple[Episode, str]] = []
-        for (e, _), turn in zip(rows, turns):
-            text = tokenizer.decode(turn.ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        for (e, _), turn, text in zip(rows, turns, turn_texts(tokenizer, [t.ids for t in turns])):
             step = e.add_turn(text, turn.ids, turn.logprobs)
             if step.kind == "search":
                 searching.append((e, step.query))
@@ -237,6 +236,17 @@ def _play(episodes: list[Episode], engine: Any, tokenizer: Any, retriever: Retri
         if timings is not None:
             timings["decode"] = timings.get("decode", 0.0) + t1 - t0
             timings["search"] = timings.get("search", 0.0) + time.perf_counter() - t2
+
+
+def turn_texts(tokenizer: Any, rows: list[list[int]]) -> list[str]:
+    """Each turn's text, as `tokenizer.decode(ids, skip_special_tokens=False,
+    clean_up_tokenization_spaces=False)` gives it. A fast tokenizer's Rust backend decodes the
+    round's turns in one parallel call, without transformers' per-row conversion of every id (at
+    the paper's shape that conversion alone walked 1.28 M ids a step: bench/rollout_host.py)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "decode_batch"):
+        return backend.decode_batch(rows, skip_special_tokens=False)
+    return [tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in rows]
 
 
 def _observe(searching: list[tuple[Episode, str]], retriever: Retriever | None, limits: protocol.ProtocolConfig,

@@ -8,10 +8,12 @@ checkpoint draws exactly what an uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..data import batch_order
@@ -70,23 +72,33 @@ def pack(rollouts: Sequence[Rollout], groups: Sequence[int], pad_id: int, device
     critic's value there is that of the terminal state (math.shifted_response_mask).
     The width is rounded up to `multiple` (padding columns, masked out everywhere).
     """
-    width = round_up(max(len(r.token_ids) for r in rollouts) + 1, multiple)
+    for r in rollouts:   # the fields are flattened together below: a short one would shift the rows after it
+        if not len(r.token_ids) == len(r.loss_mask) == len(r.logprobs):
+            raise ValueError(f"a rollout has {len(r.token_ids)} ids, {len(r.loss_mask)} mask values and "
+                             f"{len(r.logprobs)} log-probs")
+    lengths = torch.tensor([len(r.token_ids) for r in rollouts])
+    width = round_up(int(lengths.max()) + 1, multiple)
     b = len(rollouts)
+    attn = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    real = attn.bool()   # row-major: the positions of row 0, then row 1, ... as flattened below
     ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, width), dtype=torch.long)
     mask = torch.zeros((b, width), dtype=torch.float32)
     logp = torch.zeros((b, width), dtype=torch.float32)
-    for i, r in enumerate(rollouts):
-        n = len(r.token_ids)
-        ids[i, :n] = torch.tensor(r.token_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
-        logp[i, :n] = torch.tensor(r.logprobs, dtype=torch.float32)
+    ids[real] = _flat(rollouts, "token_ids", np.int64)
+    mask[real] = _flat(rollouts, "loss_mask", np.float32)
+    logp[real] = _flat(rollouts, "logprobs", np.float32)
     if bool(mask[:, 0].any()):
         raise ValueError("a rollout starts with a generated token; episodes must start with the prompt")
     scores = torch.tensor([r.score for r in rollouts], dtype=torch.float32)
     return StepBatch(ids.to(device), attn.to(device), mask.to(device), logp.to(device), scores.to(device),
                      torch.tensor(list(groups), dtype=torch.long, device=device), multiple)
+
+
+def _flat(rollouts: Sequence[Rollout], field: str, dtype: Any) -> torch.Tensor:
+    """One field of every rollout, concatenated, as a tensor. numpy reads Python numbers several
+    times faster than torch.tensor does (a paper-shape step packs 3 x 1.4 M of them)."""
+    values = itertools.chain.from_iterable(getattr(r, field) for r in rollouts)
+    return torch.from_numpy(np.fromiter(values, dtype=dtype, count=sum(len(r.token_ids) for r in rollouts)))
 
 
 def step_seed(seed: int, step: int, *parts: int) -> int:
