@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -171,6 +172,28 @@ def test_rl_points_model_compile_to_ppo_compile(tmp_path):
     with pytest.raises(InputError) as info:
         load_rl_config("dgpo", path, ["rollout.prompts_per_step=256", "model.compile=true"])
     assert "'model.compile'" in str(info.value) and "ppo.compile" in str(info.value)
+
+
+def test_rl_refuses_lora_dropout(tmp_path):
+    """Dropout would make the old log-probs (scored in training mode) and the update's differ."""
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
+    base = ["rollout.prompts_per_step=256", "lora.r=8"]
+    assert load_rl_config("ppo", path, base + ["lora.dropout=0"]).lora.r == 8
+    with pytest.raises(InputError) as info:
+        load_rl_config("ppo", path, base + ["lora.dropout=0.05"])
+    assert "'lora.dropout'" in str(info.value) and "ratio" in str(info.value)
+    adapter = tmp_path / "adapter"   # an adapter to continue brings its own dropout
+    adapter.mkdir()
+    for dropout, refused in ((0.0, False), (0.1, True)):
+        (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 8, "lora_dropout": dropout}))
+        start = ["rollout.prompts_per_step=256", f"lora.init_from={adapter}"]
+        if refused:
+            with pytest.raises(InputError, match="lora.dropout"):
+                load_rl_config("ppo", path, start)
+        else:
+            assert load_rl_config("ppo", path, start).lora.init_from == str(adapter)
 
 
 def test_old_protocol_keys_load_with_a_warning_naming_the_new_key(tmp_path, capsys):

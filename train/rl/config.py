@@ -192,6 +192,18 @@ class RLConfig:
         return self.algorithm == "dgpo" or (self.algorithm == "grpo" and bool(self.teacher.path))
 
 
+def _lora_dropout(lora: LoRASection) -> float:
+    """The adapters' dropout: lora.dropout, or for lora.init_from the saved adapter's (train/lora.py
+    load_adapter applies that one)."""
+    if lora.init_from:
+        import json
+        from pathlib import Path
+
+        saved = Path(lora.init_from) / "adapter_config.json"
+        return float(json.loads(saved.read_text()).get("lora_dropout") or 0) if saved.is_file() else 0.0
+    return lora.dropout
+
+
 def validate_rl(config: RLConfig, path) -> None:
     """Presence and range checks, each naming the key (InputError -> exit status 2)."""
     from dgpo_edge.errors import InputError
@@ -210,6 +222,10 @@ def validate_rl(config: RLConfig, path) -> None:
                              "with ppo.compile")
     _validate_rollout(config, bad)
     validate_lora(config.lora, bad)
+    if _lora_dropout(config.lora):   # scoring and the update both run in training mode (loop.py _train_mode)
+        bad("lora.dropout", "must be 0 in RL (for lora.init_from: the adapter's lora_dropout): dropout draws a "
+                            "new mask for every pass, so the old and new log-probs of the same tokens would "
+                            "differ and the PPO ratio would be noise")
     _validate_ppo(config.ppo, bad)
     t = config.teacher
     if config.algorithm == "dgpo" and not t.path:
