@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 Encode = Callable[[str], list[int]]
+SHORT_TEXT = 400   # characters: the protocol's feedback fits, an observation block does not
 
 
 def _piece_splitter(added: Iterable[str]) -> Callable[[str], list[str]] | None:
@@ -47,17 +48,18 @@ def _piece_splitter(added: Iterable[str]) -> Callable[[str], list[str]] | None:
 def plain_encoder(encode: Encode, added: Iterable[str]) -> Encode:
     """`encode` made to read every string in `added` as plain text (see the module docstring).
 
-    Single-character tokens cannot be cut and are left to the tokenizer. Recent texts are kept
+    Single-character tokens cannot be cut and are left to the tokenizer. Short texts are kept
     encoded: the same feedback is forced after every invalid turn (2,048 times in a paper-shape RL
-    step of a random model, bench/rollout_host.py), and rows that search alike see the same passages.
+    step of a random model, bench/rollout_host.py). Observations are long and rarely repeat, so they
+    are not kept (`encode` must give the same ids for the same text, as a tokenizer does).
     """
     pieces = _piece_splitter(added) or (lambda text: [text])
 
-    @functools.lru_cache(maxsize=512)
-    def ids_of(text: str) -> tuple[int, ...]:
-        return tuple(itertools.chain.from_iterable(encode(piece) for piece in pieces(text)))
+    def ids_of(text: str) -> list[int]:
+        return list(itertools.chain.from_iterable(encode(piece) for piece in pieces(text)))
 
-    return lambda text: list(ids_of(text))
+    kept = functools.lru_cache(maxsize=64)(lambda text: tuple(ids_of(text)))
+    return lambda text: list(kept(text)) if len(text) <= SHORT_TEXT else ids_of(text)
 
 
 def plain_batch_encoder(encode_many: Callable[[list[str]], list[list[int]]],

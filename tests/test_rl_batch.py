@@ -109,6 +109,8 @@ def test_pack_places_every_field_of_every_row_and_refuses_ragged_rollouts():
         assert batch.mask[i, :n].tolist() == r.loss_mask and not batch.mask[i, n:].any()
         torch.testing.assert_close(batch.sample_logp[i, :n], torch.tensor(r.logprobs, dtype=torch.float32))
     assert batch.scores.tolist() == [r.score for r in rows]
+    with pytest.raises(ValueError, match="no rollouts"):
+        pack([], [], 0, "cpu")
     rows[2].logprobs = rows[2].logprobs[:-1]
     with pytest.raises(ValueError, match="12 ids, 12 mask values and 11 log-probs"):
         pack(rows, list(range(len(rows))), 0, "cpu")

@@ -204,20 +204,35 @@ def test_the_speed_paths_match_the_plain_passes(kind, device, monkeypatch):
     for i, n in enumerate((64, 50, 37)):
         attention[i, :n] = 1
         mask[i, 9:n] = 1
-    out = []
+    out, switched = [], []
     for plain_paths in (False, True):
         if plain_paths:
-            monkeypatch.setattr(masks, "model_mask", lambda m: m)
-            monkeypatch.setattr(models, "head_logps", models.kept_logits_logps)
+            monkeypatch.setattr(masks, "model_mask", lambda m: switched.append("mask") or m)
+            monkeypatch.setattr(models, "head_logps", lambda *a, **k: switched.append("head")
+                                or models.kept_logits_logps(*a, **k))
         lm.zero_grad()
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             logp, ent = models.PolicyHead(lm, rows=16)(ids, attention, mask, 0.9, True)
         (logp.sum() - 0.01 * ent.sum()).backward()
         out.append((logp.detach(), ent.detach(), [p.grad.clone() for p in lm.parameters()]))
     (logp, ent, grads), (logp_p, ent_p, grads_p) = out
+    assert {"mask", "head"} <= set(switched)   # the policy's passes read both switch points
     real = mask.bool()
     tol = 2e-2 if device == "cuda" else 1e-4
     torch.testing.assert_close(logp[real], logp_p[real], rtol=tol, atol=tol)
     torch.testing.assert_close(ent[real], ent_p[real], rtol=tol, atol=tol)
     for a, b in zip(grads, grads_p):
         assert float((a - b).norm() / b.norm().clamp(min=1e-12)) < (3e-2 if device == "cuda" else 1e-4)
+
+
+def test_check_no_dropout_finds_dropout_modules_and_the_attention_rate():
+    from dgpo_edge.errors import InputError
+    from dgpo_edge.train.rl.models import check_no_dropout
+
+    lm = support.tiny_model("qwen2", 97, seed=3)
+    check_no_dropout(lm, "model")                        # the supported models drop nothing by default
+    lm.model.layers[0].mlp.extra = torch.nn.Dropout(0.0)
+    check_no_dropout(lm, "model")                        # p = 0 is no dropout
+    lm.model.layers[0].mlp.extra = torch.nn.Dropout(0.2)
+    with pytest.raises(InputError, match=r"model.layers.0.mlp.extra = 0.2"):
+        check_no_dropout(lm, "model")

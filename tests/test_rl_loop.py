@@ -635,3 +635,14 @@ def test_the_rollout_time_is_split_into_engine_and_search(toy, tmp_path):
     for r in rows(out, drop_timing=False):
         rollout, decode, search = (float(r[f"time_{k}_s"]) for k in ("rollout", "rollout_decode", "rollout_search"))
         assert 0 < decode <= rollout and 0 < search <= rollout - decode + 1e-3
+
+
+def test_a_model_with_dropout_is_refused_before_training(toy, tmp_path):
+    """Scoring and the update both run in training mode: dropout would make the ratio noise."""
+    from dgpo_edge.errors import InputError
+
+    out = tmp_path / "run"
+    config = write_rl_config(toy, out, model={"random_init": {"attention_dropout": 0.1}})
+    with pytest.raises(InputError, match=r"config.attention_dropout = 0.1"):
+        run_rl(load_rl_config("ppo", config))
+    assert not (out / "metrics.csv").exists()

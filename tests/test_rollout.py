@@ -576,6 +576,7 @@ def test_turn_texts_decode_as_the_tokenizer_does_row_by_row(which, request):
 
     from transformers import AutoTokenizer
 
+    from dgpo_edge.train import rollout
     from dgpo_edge.train.rollout import turn_texts
 
     tok = (request.getfixturevalue("smol_tok") if which == "smollm2"
@@ -586,9 +587,18 @@ def test_turn_texts_decode_as_the_tokenizer_does_row_by_row(which, request):
     rows += [[rng.randrange(len(tok)) for _ in range(rng.randrange(1, 60))] for _ in range(40)]
     want = [tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in rows]
     assert turn_texts(tok, rows) == want and want[0] == text
+    assert rollout._plain_fast_decode(type(tok))   # these take the one-call path
 
     class RowByRow:   # a tokenizer without a Rust backend takes the per-row path
         def decode(self, ids, **kwargs):
             return tok.decode(ids, **kwargs)
 
     assert turn_texts(RowByRow(), rows[:5]) == want[:5]
+
+    class OwnDecode(type(tok)):   # a subclass with its own _decode is decoded through it
+        def _decode(self, token_ids, **kwargs):
+            return "own:" + super()._decode(token_ids, **kwargs)
+
+    own = copy.copy(tok)
+    own.__class__ = OwnDecode
+    assert turn_texts(own, rows[:5]) == ["own:" + w for w in want[:5]]

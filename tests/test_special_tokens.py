@@ -181,6 +181,9 @@ def test_plain_encoder_keeps_recent_texts_and_hands_out_fresh_lists():
         assert bytes(again).decode() == "invalid <tok> action" and again is not first
         assert seen == (["invalid <", "tok> action"] if added else ["invalid <tok> action"])   # encoded once
         assert plain("other") == list(b"other") and seen[-1] == "other"
+        long = "passage " * 60   # an observation-sized text is encoded every time, not kept
+        seen.clear()
+        assert plain(long) == plain(long) == list(long.encode()) and seen == [long, long]
 
 
 @pytest.mark.parametrize("library", ["tokenizers", "transformers"])

@@ -149,6 +149,14 @@ def test_zero3_refuses_the_chunked_loss_with_any_number_of_processes(tmp_path):
     check_zero3(_config(tmp_path, ["chunk_size=0"]), stage=3, processes=8)
 
 
+def test_zero3_refuses_compiled_layers(tmp_path):
+    from dgpo_edge.train.trainer import check_zero3
+
+    with pytest.raises(InputError, match="model.compile=true"):
+        check_zero3(_config(tmp_path, ["chunk_size=0", "model.compile=true"]), stage=3, processes=2)
+    check_zero3(_config(tmp_path, ["model.compile=true"]), stage=2, processes=2)   # ZeRO-2 keeps whole weights
+
+
 def test_zero3_refuses_dev_evaluation(tmp_path):
     from dgpo_edge.train.trainer import check_zero3
 

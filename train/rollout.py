@@ -22,6 +22,7 @@ else; `engine="auto"` picks the fast one when it can.
 
 from __future__ import annotations
 
+import functools
 import time
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -243,10 +244,21 @@ def turn_texts(tokenizer: Any, rows: list[list[int]]) -> list[str]:
     clean_up_tokenization_spaces=False)` gives it. A fast tokenizer's Rust backend decodes the
     round's turns in one parallel call, without transformers' per-row conversion of every id (at
     the paper's shape that conversion alone walked 1.28 M ids a step: bench/rollout_host.py)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and hasattr(backend, "decode_batch"):
-        return backend.decode_batch(rows, skip_special_tokens=False)
+    if _plain_fast_decode(type(tokenizer)):
+        return tokenizer.backend_tokenizer.decode_batch(rows, skip_special_tokens=False)
     return [tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in rows]
+
+
+@functools.cache
+def _plain_fast_decode(cls: type) -> bool:
+    """Whether `cls` decodes as transformers' fast-tokenizer base does: the Rust backend's decode, then
+    the clean-up `turn_texts` turns off. A subclass that overrides `decode` or `_decode` (some speech
+    and remote-code tokenizers) is decoded through its own methods."""
+    try:
+        from transformers import PreTrainedTokenizerFast as Fast
+    except ImportError:   # pragma: no cover - transformers is a dependency of the training stage
+        return False
+    return issubclass(cls, Fast) and cls.decode is Fast.decode and cls._decode is Fast._decode
 
 
 def _observe(searching: list[tuple[Episode, str]], retriever: Retriever | None, limits: protocol.ProtocolConfig,

@@ -8,9 +8,10 @@ engine's CUDA graphs read its parameters in place, so `sync` copies new values i
 tensors after every optimizer step and the captured graphs stay valid for the whole run.
 
 What it does not change: the PPO ratio. Old log-probs are recomputed by a forward pass of the
-training weights over the finished episodes (train/rl.py `_score`), so the ratio on the first
-mini-batch of a step is exactly 1 whatever precision sampled the tokens; only which tokens are
-drawn differs, by bf16 rounding of the logits.
+training weights over the finished episodes (train/rl/loop.py `_score`), so the ratio on the first
+mini-batch of a step is 1 whatever precision sampled the tokens, up to the kernels' rounding (scoring
+and the update batch the rows differently); only which tokens are drawn differs, by bf16 rounding of
+the logits.
 
 Under DDP each process holds the whole actor, so `sync` reads the unwrapped module; ZeRO-2
 shards optimizer state and gradients but not parameters, so the same holds (ZeRO-3, which

@@ -74,6 +74,9 @@ def check_zero3(config: Any, stage: int | None, processes: int) -> None:
     if config.lora.on:
         raise InputError(f"lora.r={config.lora.r}, lora.init_from={config.lora.init_from}: LoRA is not supported under DeepSpeed ZeRO-3 (checkpoints "
                          "merge the adapters into whole weights); use DDP or ZeRO-2")
+    if config.model.compile:   # its gathers run in hooks on every submodule, inside the compiled layers
+        raise InputError("model.compile=true: compiled layers are not tried under DeepSpeed ZeRO-3, whose "
+                         "parameter gathers run inside them; use DDP or ZeRO-2, or model.compile=false")
     if config.chunk_size:
         raise InputError(f"chunk_size={config.chunk_size}: the chunked loss cannot read the sharded LM head "
                          "under DeepSpeed ZeRO-3; set chunk_size=0 (full logits)")

@@ -44,8 +44,8 @@ if [[ ${WORLDS:-0} == 1 ]]; then   # setup.sh unpacks .carry/data/*.tgz into the
   source bench/worlds_weights.sh
   weights=(${WEIGHTS:-$SHIPPED_WEIGHTS})
   mix=(); for w in "${weights[@]}"; do mix+=(--world "$w"); done
-  [ -f out/worlds-mix/all/manifest.json ] || "$py" -m dgpo_edge data mix "${mix[@]}" --worlds-dir out/worlds \
-    --out out/worlds-mix/all > /dev/null
+  rm -rf out/worlds-mix/all   # mixed anew: an earlier one may hold other WEIGHTS (the worlds are reused)
+  "$py" -m dgpo_edge data mix "${mix[@]}" --worlds-dir out/worlds --out out/worlds-mix/all > /dev/null
   [ -f out/worlds/notes-s1/manifest.json ] || "$py" -m dgpo_edge data build notes --seed 1 --out out/worlds/notes-s1 > /dev/null
   mkdir -p .carry/data && tar czf .carry/data/worlds.tgz out/worlds out/worlds-mix/all
 fi

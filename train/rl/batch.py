@@ -72,6 +72,8 @@ def pack(rollouts: Sequence[Rollout], groups: Sequence[int], pad_id: int, device
     critic's value there is that of the terminal state (math.shifted_response_mask).
     The width is rounded up to `multiple` (padding columns, masked out everywhere).
     """
+    if not rollouts:
+        raise ValueError("no rollouts to pack")
     for r in rollouts:   # the fields are flattened together below: a short one would shift the rows after it
         if not len(r.token_ids) == len(r.loss_mask) == len(r.logprobs):
             raise ValueError(f"a rollout has {len(r.token_ids)} ids, {len(r.loss_mask)} mask values and "

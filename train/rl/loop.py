@@ -50,6 +50,7 @@ from .batch import StepBatch, by_length, pack, step_prompts, step_seed
 from .config import RLConfig
 from .models import (
     PolicyHead,
+    check_no_dropout,
     check_same_tokenizer,
     frozen_logps,
     lm_full_vocab_kl,
@@ -179,6 +180,9 @@ class RLTrainer:
         if c.uses_teacher:  # the cheap tokenizer check before the weights
             check_same_tokenizer(self.tokenizer, load_tokenizer(c.teacher.path), c.teacher.path)
             self.teacher, _ = load_frozen(c.teacher.path, device, self.bf16, c.teacher.load_in_8bit)
+        for model in (actor, self.critic):   # the models RL scores and updates in training mode
+            if model is not None:
+                check_no_dropout(model, c.model.path)
         self._actor = actor
 
     def _setup_optim(self) -> None:

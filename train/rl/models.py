@@ -175,6 +175,20 @@ class ValueModel(torch.nn.Module):
         return torch.nn.functional.pad(v[:, :-1], (1, 0))
 
 
+def check_no_dropout(model: Any, where: Any) -> None:
+    """Refuse a model that drops out anything in training mode. RL scores and updates in training
+    mode (loop.py `_train_mode`), and each pass would draw a new mask: the old and new log-probs of the
+    same tokens would differ and the PPO ratio would be noise. Llama and Qwen2 drop attention weights
+    by `config.attention_dropout`; other dropout (LoRA's too) lives in nn.Dropout modules."""
+    rates = {f"config.{k}": v for k, v in vars(getattr(model, "config", None) or object()).items()
+             if k == "attention_dropout" and isinstance(v, (int, float)) and v > 0}
+    rates.update({name: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0})
+    if rates:
+        name, p = next(iter(rates.items()))
+        raise InputError(f"the model drops out in training mode ({name} = {p}{' and more' if len(rates) > 1 else ''}); "
+                         "RL needs a model without dropout, or the PPO ratio would be noise", where)
+
+
 def make_critic(lm: Any) -> ValueModel:
     """A critic from a (freshly loaded) copy of the student; its LM head is dropped."""
     return ValueModel(lm.base_model, lm.config.hidden_size)
