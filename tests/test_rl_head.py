@@ -54,6 +54,25 @@ def test_recomputed_head_matches_autograd(rows, entropy_weight):
     assert float(results[1][3].abs().sum()) > 0
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("entropy", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_forward_gives_the_plain_chunk_formula_bit_for_bit(temperature, entropy, dtype):
+    """The forward skips the division at T = 1, divides in place otherwise, and without entropies
+    subtracts the log-sum-exp at the targets only: the same float operations on the same numbers
+    as log_softmax-then-gather, so the same bits (old log-probs, and so the PPO ratio, unchanged)."""
+    hidden, weight, targets = leaves(dtype=torch.float32)
+    hidden, weight = hidden.detach().to(dtype), weight.detach().to(dtype)
+    with torch.no_grad():
+        logp, ent = HeadLogps.apply(hidden, weight, targets, temperature, 5, entropy, dtype)
+        for i in range(0, len(targets), 5):   # the chunk formula before, chunk by chunk
+            z = torch.nn.functional.linear(hidden[i:i + 5], weight).float() / temperature
+            log_p = z - torch.logsumexp(z, dim=-1)[:, None]
+            assert torch.equal(logp[i:i + 5], log_p.gather(-1, targets[i:i + 5, None])[:, 0])
+            if entropy:
+                assert torch.equal(ent[i:i + 5], -(torch.exp(log_p) * log_p).sum(-1))
+
+
 def test_recomputed_head_entropy_only_no_rows_and_tied_weights():
     """A loss of the entropies alone; zero positions; a head tied to the input embeddings (both uses
     of the one weight get their gradient), each against autograd through the plain head."""

@@ -43,14 +43,11 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else t.dtype
 
 
-def _chunk_log_probs(h: torch.Tensor, w: torch.Tensor, lse: torch.Tensor | None, temperature: float,
-                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log softmax(z), logsumexp(z)) of one chunk, z = h W^T / T in float32 from `dtype` logits;
-    with `lse` given (the backward's recompute) it is used as is, so log p is the forward's exactly."""
-    z = torch.nn.functional.linear(h.to(dtype), w).float() / temperature
-    if lse is None:
-        lse = torch.logsumexp(z, dim=-1)
-    return z - lse[:, None], lse
+def _chunk_logits(h: torch.Tensor, w: torch.Tensor, temperature: float, dtype: torch.dtype) -> torch.Tensor:
+    """z = h W^T / T of one chunk, in float32 from `dtype` logits. The [rows, vocabulary] tensors are
+    the head's whole cost, so z is divided in place, and not at all at T = 1 (x / 1 is x)."""
+    z = torch.nn.functional.linear(h.to(dtype), w).float()
+    return z if temperature == 1 else z.div_(temperature)
 
 
 class HeadLogps(torch.autograd.Function):
@@ -70,10 +67,14 @@ class HeadLogps(torch.autograd.Function):
         ent = hidden.new_empty(n if entropy else 0, dtype=torch.float32)
         w = weight.to(dtype)
         for i in range(0, n, rows):
-            log_p, lse[i:i + rows] = _chunk_log_probs(hidden[i:i + rows], w, None, temperature, dtype)
-            logp[i:i + rows] = log_p.gather(-1, targets[i:i + rows, None])[:, 0]
-            if entropy:
+            z = _chunk_logits(hidden[i:i + rows], w, temperature, dtype)
+            lse[i:i + rows] = chunk_lse = torch.logsumexp(z, dim=-1)
+            if entropy:   # log p over the whole vocabulary, in z's place
+                log_p = z.sub_(chunk_lse[:, None])
+                logp[i:i + rows] = log_p.gather(-1, targets[i:i + rows, None])[:, 0]
                 ent[i:i + rows] = -(torch.exp(log_p) * log_p).sum(-1)
+            else:         # only at the targets: the same numbers, without another [rows, V] tensor
+                logp[i:i + rows] = z.gather(-1, targets[i:i + rows, None])[:, 0] - chunk_lse
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.temperature, ctx.rows, ctx.entropy, ctx.dtype = temperature, rows, entropy, dtype
         return logp, ent
@@ -89,7 +90,8 @@ class HeadLogps(torch.autograd.Function):
             if ctx.needs_input_grad[1] else None
         for i in range(0, hidden.shape[0], rows):
             h = hidden[i:i + rows].to(dtype)
-            shifted, _ = _chunk_log_probs(h, w, lse[i:i + rows], t, dtype)     # log p
+            # log p from the forward's log-sum-exp, so it is the forward's log p exactly
+            shifted = _chunk_logits(h, w, t, dtype).sub_(lse[i:i + rows, None])
             p = torch.exp(shifted)
             g1 = g_logp[i:i + rows, None]
             gz = -p * g1
