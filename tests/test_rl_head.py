@@ -57,20 +57,39 @@ def test_recomputed_head_matches_autograd(rows, entropy_weight):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("entropy", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_head_forward_gives_the_plain_chunk_formula_bit_for_bit(temperature, entropy, dtype):
+def test_head_forward_gives_the_plain_chunk_formula_bit_for_bit(temperature, entropy, dtype, bench_script):
     """The forward skips the division at T = 1, divides in place otherwise, and without entropies
     subtracts the log-sum-exp at the targets only: the same float operations on the same numbers
-    as log_softmax-then-gather, so the same bits (old log-probs, and so the PPO ratio, unchanged)."""
+    as log_softmax-then-gather (bench/head_logps.py keeps the first version), so the same bits (old
+    log-probs, and so the PPO ratio, unchanged)."""
     hidden, weight, targets = leaves(dtype=torch.float32)
     hidden, weight = hidden.detach().to(dtype), weight.detach().to(dtype)
     with torch.no_grad():
         logp, ent = HeadLogps.apply(hidden, weight, targets, temperature, 5, entropy, dtype)
-        for i in range(0, len(targets), 5):   # the chunk formula before, chunk by chunk
-            z = torch.nn.functional.linear(hidden[i:i + 5], weight).float() / temperature
-            log_p = z - torch.logsumexp(z, dim=-1)[:, None]
-            assert torch.equal(logp[i:i + 5], log_p.gather(-1, targets[i:i + 5, None])[:, 0])
-            if entropy:
-                assert torch.equal(ent[i:i + 5], -(torch.exp(log_p) * log_p).sum(-1))
+        want_logp, want_ent = bench_script("head_logps").before_forward(hidden, weight, targets, temperature, 5,
+                                                                        dtype, entropy)
+    assert torch.equal(logp, want_logp) and (not entropy or torch.equal(ent, want_ent))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("entropy", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_backward_gives_the_plain_expressions_bit_for_bit(temperature, entropy, dtype, bench_script):
+    """The backward works in place (two [rows, V] tensors instead of eight): the same gradients, bit
+    for bit, as the first version's expression-per-tensor backward (bench/head_logps.py keeps it)."""
+    hidden, weight, targets = leaves(dtype=torch.float32)
+    hidden = hidden.detach().to(dtype).requires_grad_(True)
+    weight = weight.detach().to(dtype).requires_grad_(True)
+    g = torch.Generator().manual_seed(2)
+    g_logp, g_ent = torch.randn(37, generator=g), torch.randn(37, generator=g)
+    logp, ent = HeadLogps.apply(hidden, weight, targets, temperature, 5, entropy, dtype)
+    ((logp * g_logp).sum() + ((ent * g_ent).sum() if entropy else 0)).backward()
+    first = bench_script("head_logps")
+    with torch.no_grad():
+        _, want_ent = first.before_forward(hidden, weight, targets, temperature, 5, dtype, entropy)
+        want_h, want_w = first.before_backward(hidden.detach(), weight.detach(), targets, g_logp,
+                                               g_ent if entropy else None, want_ent, temperature, 5, dtype)
+    assert torch.equal(hidden.grad, want_h) and torch.equal(weight.grad, want_w)
 
 
 def test_recomputed_head_entropy_only_no_rows_and_tied_weights():
