@@ -267,8 +267,11 @@ def test_check_no_dropout_finds_dropout_modules_and_the_attention_rate():
     from dgpo_edge.errors import InputError
     from dgpo_edge.train.rl.models import check_no_dropout
 
+    from dgpo_edge.train.rl.models import make_critic
+
     lm = support.tiny_model("qwen2", 97, seed=3)
     check_no_dropout(lm, "model")                        # the supported models drop nothing by default
+    check_no_dropout(make_critic(support.tiny_model("qwen2", 97, seed=3)), "critic")   # a module without a config
     lm.model.layers[0].mlp.extra = torch.nn.Dropout(0.0)
     check_no_dropout(lm, "model")                        # p = 0 is no dropout
     lm.model.layers[0].mlp.extra = torch.nn.Dropout(0.2)

@@ -188,8 +188,8 @@ def check_no_dropout(model: Any, where: Any) -> None:
     mode (loop.py `_train_mode`), and each pass would draw a new mask: the old and new log-probs of the
     same tokens would differ and the PPO ratio would be noise. Llama and Qwen2 drop attention weights
     by `config.attention_dropout`; other dropout (LoRA's too) lives in nn.Dropout modules."""
-    rates = {f"config.{k}": v for k, v in vars(getattr(model, "config", None) or object()).items()
-             if k == "attention_dropout" and isinstance(v, (int, float)) and v > 0}
+    rate = getattr(getattr(model, "config", None), "attention_dropout", 0)   # the critic has no config
+    rates = {"config.attention_dropout": rate} if isinstance(rate, (int, float)) and rate > 0 else {}
     rates.update({name: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0})
     if rates:
         name, p = next(iter(rates.items()))
