@@ -277,3 +277,10 @@ def test_check_no_dropout_finds_dropout_modules_and_the_attention_rate():
     lm.model.layers[0].mlp.extra = torch.nn.Dropout(0.2)
     with pytest.raises(InputError, match=r"model.layers.0.mlp.extra = 0.2"):
         check_no_dropout(lm, "model")
+    lm.model.layers[0].mlp.extra = torch.nn.Dropout2d(0.3)   # any of torch's dropout modules
+    with pytest.raises(InputError, match=r"model.layers.0.mlp.extra = 0.3"):
+        check_no_dropout(lm, "model")
+    body = support.tiny_model("qwen2", 97, seed=3)           # a critic from a model that drops attention
+    body.config.attention_dropout = 0.1
+    with pytest.raises(InputError, match=r"config.attention_dropout = 0.1"):
+        check_no_dropout(make_critic(body), "critic")

@@ -16,6 +16,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -646,3 +647,10 @@ def test_a_model_with_dropout_is_refused_before_training(toy, tmp_path):
     with pytest.raises(InputError, match=r"config.attention_dropout = 0.1"):
         run_rl(load_rl_config("ppo", config))
     assert not (out / "metrics.csv").exists()
+    critic = tmp_path / "critic"   # a critic of its own (critic.path) is checked too, and named
+    shutil.copytree(toy / "student", critic)
+    settings = json.loads((critic / "config.json").read_text())
+    (critic / "config.json").write_text(json.dumps({**settings, "attention_dropout": 0.2}))
+    with pytest.raises(InputError, match=r"attention_dropout = 0.2") as info:
+        run_rl(load_rl_config("ppo", write_rl_config(toy, tmp_path / "run2", critic={"path": str(critic)})))
+    assert str(critic) in str(info.value)

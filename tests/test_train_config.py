@@ -194,6 +194,9 @@ def test_rl_refuses_lora_dropout(tmp_path):
                 load_rl_config("ppo", path, start)
         else:
             assert load_rl_config("ppo", path, start).lora.init_from == str(adapter)
+    (adapter / "adapter_config.json").write_text("{not json")   # one clear error, not a traceback
+    with pytest.raises(InputError, match="not an adapter config"):
+        load_rl_config("ppo", path, ["rollout.prompts_per_step=256", f"lora.init_from={adapter}"])
 
 
 def test_old_protocol_keys_load_with_a_warning_naming_the_new_key(tmp_path, capsys):

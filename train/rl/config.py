@@ -200,7 +200,14 @@ def _lora_dropout(lora: LoRASection) -> float:
         from pathlib import Path
 
         saved = Path(lora.init_from) / "adapter_config.json"
-        return float(json.loads(saved.read_text()).get("lora_dropout") or 0) if saved.is_file() else 0.0
+        if not saved.is_file():
+            return 0.0   # validate_lora names the missing file
+        try:
+            return float(json.loads(saved.read_text()).get("lora_dropout") or 0)
+        except (ValueError, AttributeError) as e:
+            from dgpo_edge.errors import InputError
+
+            raise InputError(f"not an adapter config ({e})", saved) from None
     return lora.dropout
 
 

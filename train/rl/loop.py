@@ -154,6 +154,7 @@ class RLTrainer:
         c = self.config
         torch.manual_seed(c.run.seed)
         actor, self.tokenizer = load_lm(c.model.path, c.model.tokenizer, c.model.random_init, c.run.seed)
+        check_no_dropout(actor, c.model.path)   # RL scores and updates in training mode: before more loads
         if c.model.gradient_checkpointing:
             actor.gradient_checkpointing_enable()
         self.pad_id = self.tokenizer.pad_token_id
@@ -180,9 +181,8 @@ class RLTrainer:
         if c.uses_teacher:  # the cheap tokenizer check before the weights
             check_same_tokenizer(self.tokenizer, load_tokenizer(c.teacher.path), c.teacher.path)
             self.teacher, _ = load_frozen(c.teacher.path, device, self.bf16, c.teacher.load_in_8bit)
-        for model in (actor, self.critic):   # the models RL scores and updates in training mode
-            if model is not None:
-                check_no_dropout(model, c.model.path)
+        if self.critic is not None:   # the actor was checked as it loaded
+            check_no_dropout(self.critic, c.critic.path or c.model.path)
         self._actor = actor
 
     def _setup_optim(self) -> None:

@@ -188,9 +188,13 @@ def check_no_dropout(model: Any, where: Any) -> None:
     mode (loop.py `_train_mode`), and each pass would draw a new mask: the old and new log-probs of the
     same tokens would differ and the PPO ratio would be noise. Llama and Qwen2 drop attention weights
     by `config.attention_dropout`; other dropout (LoRA's too) lives in nn.Dropout modules."""
-    rate = getattr(getattr(model, "config", None), "attention_dropout", 0)   # the critic has no config
-    rates = {"config.attention_dropout": rate} if isinstance(rate, (int, float)) and rate > 0 else {}
-    rates.update({name: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0})
+    rates = {}
+    for name, m in model.named_modules():   # configs sit on the model and, in the critic, on its body
+        rate = getattr(getattr(m, "config", None), "attention_dropout", 0)
+        if isinstance(rate, (int, float)) and rate > 0:
+            rates[f"{name or 'model'}.config.attention_dropout"] = rate
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:   # Dropout, Dropout1d-3d, AlphaDropout...
+            rates[name] = m.p
     if rates:
         name, p = next(iter(rates.items()))
         raise InputError(f"the model drops out in training mode ({name} = {p}{' and more' if len(rates) > 1 else ''}); "
