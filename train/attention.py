@@ -30,3 +30,8 @@ def last_hidden(body, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> 
     reads, and a layer called with a cache cannot go through torch.compile (train/compiled_layers.py).
     """
     return body(input_ids=input_ids, attention_mask=model_mask(attention_mask), use_cache=False).last_hidden_state
+
+
+def lm_logits(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """A causal LM's logits [B, L, V] in a training or scoring pass: `last_hidden`'s mask and no KV cache."""
+    return lm(input_ids=input_ids, attention_mask=model_mask(attention_mask), use_cache=False).logits

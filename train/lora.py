@@ -156,6 +156,20 @@ def save_adapter(model: Any, folder: Path) -> None:
     config.save_pretrained(str(folder))
 
 
+def adapter_config(folder: str | Path) -> dict:
+    """The saved adapter's adapter_config.json (peft's keys); a missing or unreadable one is an input error."""
+    path = Path(folder) / "adapter_config.json"
+    if not path.is_file():
+        raise InputError("not a LoRA adapter folder (no adapter_config.json)", folder)
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as e:
+        raise InputError(f"not an adapter config ({e})", path) from None
+    if not isinstance(raw, dict):
+        raise InputError("not an adapter config (not a JSON object)", path)
+    return raw
+
+
 def load_adapter(model: Any, folder: str | Path, save_dtype: str = "bf16") -> Any:
     """Inject the adapter saved in `folder` into a base `model` and load its weights (and norms);
     they train from there (`save_dtype`: of the adapters this model's checkpoints will save)."""
@@ -165,10 +179,7 @@ def load_adapter(model: Any, folder: str | Path, save_dtype: str = "bf16") -> An
     from .config import LoRASection
 
     folder = Path(folder)
-    path = folder / "adapter_config.json"
-    if not path.is_file():
-        raise InputError("not a LoRA adapter folder (no adapter_config.json)", folder)
-    raw = json.loads(path.read_text())
+    raw = adapter_config(folder)
     norms_file = folder / "norms.safetensors"
     section = LoRASection(r=int(raw["r"]), alpha=float(raw["lora_alpha"]), dropout=float(raw["lora_dropout"]),
                           target_modules=sorted(raw["target_modules"]), train_norms=norms_file.is_file(),

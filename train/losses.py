@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import attention   # attention.model_mask: one place decides the mask of every training pass
+from . import attention   # last_hidden / lm_logits: one place decides the mask and cache of every pass
 
 SOFT_LOSSES = ("forward_kl", "reverse_kl", "jsd")
 
@@ -206,8 +206,7 @@ class MaskedLMLoss(torch.nn.Module):
             return chunked_head_loss(hidden[sel], self.lm.get_output_embeddings().weight, weights,
                                      h_t=t.get("hidden"), w_t=t.get("head"), targets=targets, kind=kind,
                                      beta=beta, temperature=temperature, chunk=self.chunk_size)
-        logits = self.lm(input_ids=input_ids, attention_mask=attention.model_mask(attention_mask),
-                         use_cache=False).logits[sel]   # no KV cache: nothing decodes from this pass
+        logits = attention.lm_logits(self.lm, input_ids, attention_mask)[sel]
         t_logits = teacher.get("logits") if teacher else None
         return token_losses(logits, t_logits, targets, kind, beta, temperature).sum() / n
 
@@ -220,5 +219,4 @@ def teacher_targets(teacher: torch.nn.Module, input_ids, attention_mask, target_
     if chunked:
         hidden = attention.last_hidden(teacher.get_decoder(), input_ids, attention_mask)
         return {"hidden": hidden[sel], "head": teacher.get_output_embeddings().weight}
-    logits = teacher(input_ids=input_ids, attention_mask=attention.model_mask(attention_mask), use_cache=False).logits
-    return {"logits": logits[sel]}
+    return {"logits": attention.lm_logits(teacher, input_ids, attention_mask)[sel]}

@@ -195,19 +195,10 @@ class RLConfig:
 def _lora_dropout(lora: LoRASection) -> float:
     """The adapters' dropout: lora.dropout, or for lora.init_from the saved adapter's (train/lora.py
     load_adapter applies that one)."""
-    if lora.init_from:
-        import json
-        from pathlib import Path
+    if lora.init_from:   # validate_lora has checked that the file exists
+        from ..lora import adapter_config
 
-        saved = Path(lora.init_from) / "adapter_config.json"
-        if not saved.is_file():
-            return 0.0   # validate_lora names the missing file
-        try:
-            return float(json.loads(saved.read_text()).get("lora_dropout") or 0)
-        except (ValueError, AttributeError) as e:
-            from dgpo_edge.errors import InputError
-
-            raise InputError(f"not an adapter config ({e})", saved) from None
+        return float(adapter_config(lora.init_from).get("lora_dropout") or 0)
     return lora.dropout
 
 
