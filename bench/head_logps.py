@@ -13,12 +13,15 @@ vocabulary:
     python bench/head_logps.py                                   # scoring pass, CPU, float32
     python bench/head_logps.py --backward                        # the update's pass
     python bench/head_logps.py --device cuda --dtype bf16 --positions 65536 --rows 2048 [--backward]
+
+The results record the commit from git, or from COMMIT where the checkout has none (a GPU machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -137,8 +140,9 @@ def main() -> None:
             sync()
             times[name].append(time.perf_counter() - start)
     card = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    # a GPU machine's copy of the checkout has no git: COMMIT names what ran there
+    commit = os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                                        capture_output=True, text=True).stdout.strip()
     result = {"card": card, "commit": commit, "pass": "update" if args.backward else "scoring",
               "device": args.device, "dtype": args.dtype, "vocab": args.vocab,
               "positions": args.positions, "rows": args.rows, "temperature": args.temperature,
