@@ -450,7 +450,9 @@ def test_two_cpu_processes_split_the_rollouts(toy, tmp_path, compiled):
     config = write_rl_config(toy, out, optim={"steps": 2}, ppo={"mini_batch": 4, "micro_batch": 2, "compile": compiled})
     # The same thread count as this process: summation order then matches, so counts at a threshold
     # (clip fractions) do not flip on a last-bit difference.
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "TOKENIZERS_PARALLELISM": "false"}
+    # CUDA hidden: on a GPU machine both ranks would take its first GPU, which NCCL refuses
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "TOKENIZERS_PARALLELISM": "false",
+           "CUDA_VISIBLE_DEVICES": ""}
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
               str(ROOT / "train" / "configs" / "accelerate-cpu-2proc.yaml"), "--main_process_port", str(port),
               "-m", "dgpo_edge", "train", "dgpo", "--config", str(config)]
@@ -525,6 +527,8 @@ def test_compiled_layers_change_no_metric_and_compile_few_graphs(toy, tmp_path, 
 
     torch._dynamo.reset()   # graphs another test compiled would be reused here and not counted
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
+    # the CPU path CI runs: on a GPU, eager runs compile graphs too (the fast engine's, 3 on an H200)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     runs, per_step = {}, []
     for name in ("eager", "compiled"):
         out = tmp_path / name
@@ -589,7 +593,7 @@ def test_the_report_split_is_recorded_at_every_evaluation_and_never_chosen_by(to
     assert r.returncode == 2 and "no report.jsonl" in r.stderr and not (tmp_path / "none.jsonl").exists()
 
 
-def test_rl_continues_a_saved_adapter(toy, tmp_path):
+def test_rl_continues_a_saved_adapter(toy, tmp_path, monkeypatch):
     # lora.init_from: the actor is model.path (the base) + the saved adapter, training on; the critic
     # and the reference start from the same student, merged; checkpoints hold the continued adapter.
     from dgpo_edge.train.config import LoRASection
@@ -607,6 +611,8 @@ def test_rl_continues_a_saved_adapter(toy, tmp_path):
     student = merged_state_dict(start)
 
     out = tmp_path / "continued"
+    # the CPU path, fp32 (on a GPU the models would sit in CUDA memory, the reference in bf16)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = load_rl_config("ppo", write_rl_config(toy, out, teacher={"path": ""}, ppo={"kl_ref": 0.01},
                                                 lora={"init_from": str(tmp_path / "adapter")},
                                                 optim={"steps": 1, "lr": 1e-3}))
