@@ -87,8 +87,8 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
     [[ $base == "$h" ]] || args+=(--world "$w")
   done
   [[ $h == none || " ${worlds[*]} " == *" $h "* ]] || worlds+=("$h")
-  [ -f "$mix/manifest.json" ] || "${de[@]}" data mix "${args[@]}" "${hold[@]}" --worlds-dir "$worlds_dir" \
-    --out "$mix" ${MIX_ARGS:-}
+  # --keep: a finished mixture is kept, one of other WEIGHTS or MIX_ARGS is refused (its runs would be skipped)
+  "${de[@]}" data mix "${args[@]}" "${hold[@]}" --worlds-dir "$worlds_dir" --out "$mix" --keep ${MIX_ARGS:-}
   # The teacher is measured on whole test splits below, so no dev evaluation inside its run.
   [ -f "$teacher/summary.json" ] || "${de[@]}" train sft --config train/configs/worlds-teacher-sft.yaml \
     run.out_dir="$teacher" "${data[@]}" data.dev=null log.progress=false ${SFT_ARGS:-}

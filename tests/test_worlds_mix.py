@@ -254,6 +254,26 @@ def test_an_edited_world_is_refused(worlds: Path, tmp_path: Path):
     assert_one_line_error(result, "train.jsonl", "does not match", "data build elements --seed 0")
 
 
+def test_keep_keeps_the_same_mixture_and_refuses_another(mix: Path, worlds: Path, tmp_path: Path):
+    # bench/worlds_loo.sh mixes with --keep on every run: a finished mixture is kept untouched, and one
+    # of other weights is refused rather than silently reused under runs trained on it
+    import shutil
+
+    copy = tmp_path / "notes-out"
+    shutil.copytree(mix, copy)
+    stamps = {f.name: f.stat().st_mtime_ns for f in copy.iterdir()}
+    result = invoke(*_mix_args(worlds, copy, "--keep"))
+    assert result.exit_code == 0, result.output
+    assert "kept" in result.flat
+    other = [f"elements={WEIGHTS['elements'] * 2}" if str(a).startswith("elements=") else a
+             for a in _mix_args(worlds, copy, "--keep")]
+    assert_one_line_error(invoke(*other), "manifest.json", "holds another mixture", "weights")
+    assert_one_line_error(invoke(*_mix_args(worlds, copy, "--keep", "--seed", 3)), "seed 0 (asked: 3)")
+    assert {f.name: f.stat().st_mtime_ns for f in copy.iterdir()} == stamps   # nothing rewritten
+    result = invoke(*_mix_args(worlds, tmp_path / "new", "--keep"))          # nothing there yet: mixed
+    assert result.exit_code == 0 and (tmp_path / "new" / "manifest.json").read_bytes() == (mix / "manifest.json").read_bytes()
+
+
 # ------------------------------------------------------------ training on it
 
 @pytest.mark.slow

@@ -139,6 +139,9 @@ def mix(
                                                               "weights allow without repeating a question)."),
     eval_size: int = typer.Option(None, "--eval-size", help="Dev questions, and test questions, in all "
                                                             "(default: as for train)."),
+    keep: bool = typer.Option(False, "--keep", help="Keep a mixture already in --out when it was made with "
+                                                    "the same weights, hold-out, seed and sizes (nothing is "
+                                                    "rewritten); refuse one made otherwise (exit 2)."),
 ) -> None:
     """Mix built worlds into one dataset folder, drawn by weight, with one world held out.
 
@@ -147,9 +150,13 @@ def mix(
     BM25, kept when every search still finds its evidence), stats.json and manifest.json.
     The held-out world adds nothing; its own folder keeps its test split.
     """
-    from ..worlds.mixture import build_mixture, parse_weights
+    from ..worlds.mixture import build_mixture, check_same_mixture, parse_weights
 
     weights = parse_weights(world)
+    if keep and (out / "manifest.json").is_file():
+        check_same_mixture(out, weights, hold_out, seed, train_size, eval_size)
+        console.print(f"kept {out}/: mixed earlier with the same weights and settings")
+        return
     with console.status("mixing worlds") as status:
         stats = build_mixture(out, weights, worlds_dir, held_out=hold_out, seed=seed, train_size=train_size,
                               eval_size=eval_size, say=lambda m: status.update(m))

@@ -221,6 +221,19 @@ def resolved_oracle(row: dict, trajectory: dict, index: BM25Index) -> dict | Non
 
 # --- the whole build ----------------------------------------------------------------------
 
+def check_same_mixture(out: str | Path, weights: dict[str, float], held_out: str | None, seed: int,
+                       train_size: int | None, eval_size: int | None) -> None:
+    """An error unless the mixture in `out` was made with these settings: a script that keeps a
+    finished mixture must not keep one of other weights, which runs trained on it would not show."""
+    path = Path(out) / "manifest.json"
+    manifest = _read_json(path)
+    asked = {"weights": weights, "held_out": held_out, "seed": seed, "train_size": train_size, "eval_size": eval_size}
+    differ = [f"{k} {manifest.get(k)!r} (asked: {v!r})" for k, v in asked.items() if manifest.get(k) != v]
+    if differ:
+        raise InputError(f"holds another mixture: {'; '.join(differ)}. Remove the folder or mix into another --out",
+                         path)
+
+
 def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | Path, held_out: str | None = None,
                   seed: int = 0, train_size: int | None = None, eval_size: int | None = None,
                   say: Callable[[str], None] = lambda msg: None) -> dict:
