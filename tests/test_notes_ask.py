@@ -3,8 +3,9 @@ with the shipped student, searches the notes and answers from what it found.
 
 The notes are the notes world written as Markdown files (`data build notes --as-folder`). The
 test asserts that the student searched and that every passage it read is a note of that folder;
-it does not assert the answer: the shipped student (trained on FactbookQA alone) rarely gets
-notes questions right (docs/worlds.md, "Your notes, end to end", has its EM).
+and that it answers most single-hop questions: the shipped 24-layer all-worlds student answered
+34 of 34 single-hop questions over notes it never saw (docs/worlds.md, "The 24-layer student
+ships"); the 15-layer one before it half of them, the FactbookQA-only one none.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from bundle_helpers import smollm2_gguf
 from cli_helpers import invoke
+from dgpo_edge.metrics import exact_match
 
 pytest.importorskip("faiss")
 
@@ -45,14 +47,18 @@ def test_ask_searches_a_folder_of_notes(student_cache, tmp_path: Path):
     r = invoke("index", "build", notes, "--out", index, "--threads", "2")
     assert r.exit_code == 0, r.output
 
-    question = next(q for line in (world / "test.jsonl").read_text().splitlines()
-                    if (q := json.loads(line))["hops"] == 1)
-    r = invoke("ask", "--index", index, question["question"], "--json", "--threads", "2")
-    assert r.exit_code in (0, 1), r.output  # 1: no answer within the turns, still a finished run
-    out = json.loads(r.stdout)
-    assert out["agent"]["model_from"] == "default model" and "/student/" in out["agent"]["model"]
-    assert out["searches"], out["transcript"]
+    questions = [q for line in (world / "test.jsonl").read_text().splitlines()
+                 if (q := json.loads(line))["hops"] == 1][:4]
     files = {p.relative_to(notes).as_posix() for p in notes.rglob("*.md")}
-    read = [p["id"].partition("#")[0] for p in out["passages"]]
-    assert read and set(read) <= files, read
-    assert "<information>" in out["transcript"]
+    right = []
+    for question in questions:
+        r = invoke("ask", "--index", index, question["question"], "--json", "--threads", "2")
+        assert r.exit_code in (0, 1), r.output  # 1: no answer within the turns, still a finished run
+        out = json.loads(r.stdout)
+        assert out["agent"]["model_from"] == "default model" and "/student/" in out["agent"]["model"]
+        assert out["searches"], out["transcript"]
+        read = [p["id"].partition("#")[0] for p in out["passages"]]
+        assert read and set(read) <= files, read
+        assert "<information>" in out["transcript"]
+        right.append(exact_match(out["answer"], question["golden_answers"]))
+    assert len(questions) == 4 and sum(right) >= 3, right
