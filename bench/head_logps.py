@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+import provenance  # noqa: E402
 from rollout import _import_train  # noqa: E402  (dgpo_edge.train from this checkout)
 
 
@@ -140,10 +139,7 @@ def main() -> None:
             sync()
             times[name].append(time.perf_counter() - start)
     card = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    # a GPU machine's copy of the checkout has no git: COMMIT names what ran there
-    commit = os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                                        capture_output=True, text=True).stdout.strip()
-    result = {"card": card, "commit": commit, "pass": "update" if args.backward else "scoring",
+    result = {"card": card, "commit": provenance.commit(), "pass": "update" if args.backward else "scoring",
               "device": args.device, "dtype": args.dtype, "vocab": args.vocab,
               "positions": args.positions, "rows": args.rows, "temperature": args.temperature,
               "bitwise_equal": same, **{f"{k}_s": round(statistics.median(v), 4) for k, v in times.items()},

@@ -17,8 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
 
 KINDS = ("bm25", "dense", "hybrid")
 
@@ -61,8 +64,7 @@ def main() -> None:
     p.add_argument("--card", default="2-core x86-64 CPU")
     args = p.parse_args()
     rows = [run_kind(args, kind) for kind in args.kinds.split(",")]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"card": args.card, "commit": commit, "model": args.model.name, "data": str(args.data),
+    result = {"card": args.card, "commit": provenance.commit(), "model": args.model.name, "data": str(args.data),
               "limit": args.limit, "threads": args.threads, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -40,9 +40,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]   # the installed package is used (dgpo_edge.train lives in train/)
+sys.path.insert(0, str(ROOT / "bench"))
+import provenance  # noqa: E402
 
 STUDENT = {"layers": 24, "hidden": 896, "heads": 14, "kv_heads": 2, "intermediate": 4864}      # Qwen2.5-0.5B
 TEACHER = {"layers": 36, "hidden": 2048, "heads": 16, "kv_heads": 2, "intermediate": 11008}    # Qwen2.5-3B
@@ -138,15 +141,13 @@ def speed(args: argparse.Namespace) -> None:
     and at the RL run's own rollout batch for the in-RL ratio) and a FactbookQA DGPO run's
     metrics.csv (median step time over its steps after the first, which captures the CUDA graphs)."""
     import statistics
-    import subprocess
 
     before, after = (_last_row(args.work / f"run-{t}" / "metrics.csv") for t in ("before", "after"))
     if before is None or after is None:
         raise SystemExit(f"error: {args.work}/run-before and run-after each need a finished step")
     b512 = json.loads(args.rollout_json.read_text())
     same_batch = json.loads((args.standalone_json or args.rollout_json).read_text())
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                           cwd=ROOT).stdout.strip()
+    commit = args.commit or provenance.commit()
     in_rl = float(after["rollout_tokens_per_s"])
     standalone = same_batch["qwen2.5-0.5b"]["fast_sampled"]["tokens_per_s"]
     factbook = None

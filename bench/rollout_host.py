@@ -23,13 +23,13 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+import provenance  # noqa: E402
 from rollout import _import_train  # noqa: E402  (dgpo_edge.train from this checkout)
 
 
@@ -97,9 +97,7 @@ def main() -> None:
     questions = [json.loads(line)["question"] for line in lines[:args.prompts]]
     runs = [measure(args, tokenizer, questions) for _ in range(args.repeats)]
     med = {k: round(statistics.median(r[k] for r in runs), 3) for k in ("host_s", "pack_s")}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    result = {"card": f"cpu: {platform.processor() or platform.machine()}", "commit": commit,
+    result = {"card": f"cpu: {platform.processor() or platform.machine()}", "commit": provenance.commit(),
               "prompts": len(questions), "batch": args.batch, "generated_tokens": runs[0]["generated_tokens"],
               **med, "rollout_host_s": round(med["host_s"] + med["pack_s"], 3),
               "runs": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in runs]}

@@ -27,12 +27,14 @@ import argparse
 import contextlib
 import json
 import statistics
-import subprocess
+import sys
 import time
 import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]   # the installed package is used (dgpo_edge.train lives in train/)
+sys.path.insert(0, str(ROOT / "bench"))
+import provenance  # noqa: E402
 
 STUDENT = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                num_key_value_heads=2)
@@ -263,8 +265,7 @@ def main() -> None:
     reset_peak = torch.cuda.reset_peak_memory_stats if cuda else (lambda: None)
     args.profile_out = None
     result = {"card": args.card or (torch.cuda.get_device_name() if cuda else "cpu"),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout.strip(),
+              "commit": provenance.commit(),
               "shape": {k: getattr(args, k) for k in ("micro_batch", "forward_batch", "width", "generated", "vocab",
                                                       "head_rows", "step_rows", "repeats", "tiny")}}
     result["rows"] = update_rows(args, device, sync, peak, reset_peak)

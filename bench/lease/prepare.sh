@@ -21,6 +21,8 @@
 #   3. carry [.carry/smol1]:              bash bench/lease/gguf.sh part
 #   4. carry [.carry/smol2]:              bash bench/lease/gguf.sh part
 #   5. carry [.carry/smol3]:              bash bench/lease/gguf.sh join && <the lease's work, started with setsid>
+# The machine's copy has no git: give the work COMMIT=$(git rev-parse --short HEAD) from here, which
+# bench/provenance.py and bench/worlds_loo.sh record in their results.
 # Later calls carry nothing more (what a call copied stays on the machine while it is held); see
 # bench/lease/watch.sh for the calls that wait and bring results back.
 set -euo pipefail
