@@ -17,7 +17,7 @@
 # dgpo_all_rollouts | dgpo_no_cold_start | teacher_ppo (PPO from the teacher, not the KD start),
 # or a KD-loss row kd_forward_kl |
 # kd_reverse_kl | kd_jsd | kd_seqkd: the FactbookQA KD recipe (train/configs/factbook-kd.yaml, LoRA,
-# 3 epochs) with that loss from the teacher, out/runs/kd-LOSS-sSEED, dev and test EM at its end
+# 3 epochs) with that loss from the teacher, over the pruned base of the RL rows (STUDENT_LAYERS), out/runs/kd-LOSS-sSEED, dev and test EM at its end
 # (kd_seqkd first writes the teacher's own trajectories, out/tgo, as `bench/factbook_rl.sh tgo` does).
 # STEPS (default 200) sets the RL run length; the rest of each run is train/configs/factbook-{dgpo,ppo}.yaml. START=adapter trains
 # the shipped adapter itself (lora.init_from over the pruned base; the run is rl-METHOD-lora-sSEED
@@ -64,7 +64,7 @@ kd_row() {  # METHOD SEED [k=v]: one KD-loss row of Table 1
   fi
   # checkpoints every 50 steps, so a row cut by a lease resumes; evaluations in batches of 128
   "${de[@]}" train kd --config train/configs/factbook-kd.yaml run.out_dir=out/runs/$name run.seed="$seed" \
-    kd.loss="$loss" kd.teacher=$TEACHER data.train="$train" data.report=out/factbookqa/test.jsonl \
+    model.path=$BASE kd.loss="$loss" kd.teacher=$TEACHER data.train="$train" data.report=out/factbookqa/test.jsonl \
     eval.at_start=false eval.batch_size=128 log.save_every=50 log.progress=false "$@"
 }
 checkpoint() { case $1 in kd) echo $KD ;; teacher) echo $TEACHER ;; base) echo $BASE ;; *) echo "out/runs/$1/checkpoints/last" ;; esac; }

@@ -23,7 +23,7 @@
 # (more key=value overrides), EVAL_LIMIT (first N test questions), PACK (1: the DGPO student as a Q8_0
 # GGUF in 15 MiB pieces under out/pack, and the KD adapter copied there, so they can leave a lease:
 # bench/factbook_rows.sh pack/unpack), PREP_STUDENT (1: convert and prune
-# the student when absent), STUDENT_LAYERS (15: the student's depth, of SmolLM2's 30; runs of another
+# the student when absent), STUDENT_LAYERS (15, so that the first runs keep their names; the shipped student is 24: the student's depth, of SmolLM2's 30; runs of another
 # depth are named ...-LLl, e.g. worlds-kd-notes-out-24l, and their rows kd-24l, dgpo-24l), SMOL_GGUF,
 # GPUS (the GPU indices lanes take in turn; default every GPU), PYTHON, COMMIT (recorded in the
 # rows; default git's), MIX_DEV (1: each model's EM on the mixture's dev split first, rows in

@@ -240,6 +240,14 @@ def test_a_deeper_adapter_starts_from_a_base_of_its_depth(rows):
     assert _value(args, "model.path") == "out/models/smollm2-135m-15l"
 
 
+def test_kd_loss_rows_train_a_student_of_the_rl_rows_depth(rows):
+    # the KD-loss rows train from the pruned base the RL rows' KD start was merged into
+    for layers in ("24", "15"):
+        r, args = rows("kd_jsd", STUDENT_LAYERS=layers)
+        assert r.returncode == 0, r.stderr
+        assert _value(args, "model.path") == f"out/models/smollm2-135m-{layers}l" and "kd.loss=jsd" in args
+
+
 def test_the_rows_default_depth_is_the_shipped_adapters():
     # KD_ADAPTER defaults to the shipped adapter; merging it over a base of another depth is refused
     import re

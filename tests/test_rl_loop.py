@@ -94,6 +94,18 @@ def _calibrated(model, tokenizer, retriever, temperature: float = 0.5, target: f
     return model
 
 
+@pytest.fixture()
+def cpu_path(monkeypatch):
+    """The CPU path CI runs, also on a GPU machine: CUDA reported absent, and accelerate's per-process
+    state (whose device an earlier test in this process may have set to cuda) dropped before and after."""
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 @pytest.fixture(scope="module")
 def toy(request, tmp_path_factory):
     """Folders: student, teacher, train.jsonl (the question 32 times), dev.jsonl, corpus.jsonl."""
@@ -518,17 +530,16 @@ def test_pass_sizes_and_rounded_widths_change_no_metric(toy, tmp_path):
                 assert close(key, knobs[key], plain[key]), key
 
 
-def test_compiled_layers_change_no_metric_and_compile_few_graphs(toy, tmp_path, monkeypatch):
+def test_compiled_layers_change_no_metric_and_compile_few_graphs(toy, tmp_path, monkeypatch, cpu_path):
     """ppo.compile (train/compiled_layers.py) is a speed knob: two DGPO steps log the same numbers
     up to float rounding, and the actor's, critic's and teacher's layers share a few graphs (a layer
     given a KV cache would make one graph per layer, past torch._dynamo's recompile limit)."""
+    # cpu_path: on a GPU, eager runs compile graphs too (the fast engine's: 3 on an H200)
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()   # graphs another test compiled would be reused here and not counted
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
-    # the CPU path CI runs: on a GPU, eager runs compile graphs too (the fast engine's, 3 on an H200)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     runs, per_step = {}, []
     for name in ("eager", "compiled"):
         out = tmp_path / name
@@ -593,7 +604,8 @@ def test_the_report_split_is_recorded_at_every_evaluation_and_never_chosen_by(to
     assert r.returncode == 2 and "no report.jsonl" in r.stderr and not (tmp_path / "none.jsonl").exists()
 
 
-def test_rl_continues_a_saved_adapter(toy, tmp_path, monkeypatch):
+def test_rl_continues_a_saved_adapter(toy, tmp_path, cpu_path):
+    # cpu_path: fp32 on the CPU (on a GPU the models would sit in CUDA memory, the reference in bf16)
     # lora.init_from: the actor is model.path (the base) + the saved adapter, training on; the critic
     # and the reference start from the same student, merged; checkpoints hold the continued adapter.
     from dgpo_edge.train.config import LoRASection
@@ -611,8 +623,6 @@ def test_rl_continues_a_saved_adapter(toy, tmp_path, monkeypatch):
     student = merged_state_dict(start)
 
     out = tmp_path / "continued"
-    # the CPU path, fp32 (on a GPU the models would sit in CUDA memory, the reference in bf16)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = load_rl_config("ppo", write_rl_config(toy, out, teacher={"path": ""}, ppo={"kl_ref": 0.01},
                                                 lora={"init_from": str(tmp_path / "adapter")},
                                                 optim={"steps": 1, "lr": 1e-3}))

@@ -272,6 +272,44 @@ def test_keep_keeps_the_same_mixture_and_refuses_another(mix: Path, worlds: Path
     assert {f.name: f.stat().st_mtime_ns for f in copy.iterdir()} == stamps   # nothing rewritten
     result = invoke(*_mix_args(worlds, tmp_path / "new", "--keep"))          # nothing there yet: mixed
     assert result.exit_code == 0 and (tmp_path / "new" / "manifest.json").read_bytes() == (mix / "manifest.json").read_bytes()
+    assert_one_line_error(invoke(*_mix_args(worlds, copy, "--keep", "--train-size", 0)), "--train-size must be at least 1")
+
+
+def test_keep_checks_sizes_files_and_worlds(worlds: Path, tmp_path: Path):
+    import shutil
+
+    local = tmp_path / "w"
+    shutil.copytree(worlds, local)
+    out = tmp_path / "m"
+    sized = ("--train-size", 20, "--eval-size", 6)
+    assert invoke(*_mix_args(local, out, *sized)).exit_code == 0
+    assert "kept" in invoke(*_mix_args(local, out, "--keep", *sized)).flat
+    assert_one_line_error(invoke(*_mix_args(local, out, "--keep", "--train-size", 20)), "eval_size 6 (asked: None)")
+    train = (out / "train.jsonl").read_bytes()
+    (out / "train.jsonl").write_bytes(train[: len(train) // 2])               # as a mix stopped half way once left it
+    assert_one_line_error(invoke(*_mix_args(local, out, "--keep", *sized)), "train.jsonl", "does not match")
+    (out / "train.jsonl").write_bytes(train)
+    registry.build("elements", local / "elements", seed=0, size=SIZES["elements"] - 5)   # the world rebuilt otherwise
+    assert_one_line_error(invoke(*_mix_args(local, out, "--keep", *sized)), "another build of world elements")
+
+
+def test_a_mixing_that_fails_leaves_the_old_mixture(mix: Path, worlds: Path, tmp_path: Path, monkeypatch):
+    import shutil
+
+    from dgpo_edge import jsonio
+    from dgpo_edge.worlds.mixture import build_mixture
+
+    out = tmp_path / "notes-out"
+    shutil.copytree(mix, out)
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+
+    def fail(path, obj):
+        raise OSError("disk full")
+    monkeypatch.setattr(jsonio, "write_json", fail)   # after the jsonl files, before the manifest
+    with pytest.raises(OSError):
+        build_mixture(out, {"elements": 1.0}, worlds, held_out="notes")
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["notes-out"]            # no partial folder left beside it
 
 
 # ------------------------------------------------------------ training on it

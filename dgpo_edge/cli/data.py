@@ -154,7 +154,7 @@ def mix(
 
     weights = parse_weights(world)
     if keep and (out / "manifest.json").is_file():
-        check_same_mixture(out, weights, hold_out, seed, train_size, eval_size)
+        check_same_mixture(out, weights, worlds_dir, hold_out, seed, train_size, eval_size)
         console.print(f"kept {out}/: mixed earlier with the same weights and settings")
         return
     with console.status("mixing worlds") as status:

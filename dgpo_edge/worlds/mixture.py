@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -221,24 +222,35 @@ def resolved_oracle(row: dict, trajectory: dict, index: BM25Index) -> dict | Non
 
 # --- the whole build ----------------------------------------------------------------------
 
-def check_same_mixture(out: str | Path, weights: dict[str, float], held_out: str | None, seed: int,
-                       train_size: int | None, eval_size: int | None) -> None:
-    """An error unless the mixture in `out` was made with these settings: a script that keeps a
-    finished mixture must not keep one of other weights, which runs trained on it would not show."""
-    path = Path(out) / "manifest.json"
+def check_same_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | Path, held_out: str | None,
+                       seed: int, train_size: int | None, eval_size: int | None) -> None:
+    """An error unless the mixture in `out` is the one these arguments would make: the same settings,
+    its files as its manifest lists them, mixed from the worlds under `worlds_dir` as they are now.
+    A script that keeps a finished mixture must not keep another one, which runs trained on it would
+    not show."""
+    check_arguments(weights, held_out, seed, train_size, eval_size)
+    out, worlds_dir = Path(out), Path(worlds_dir)
+    path = out / "manifest.json"
     manifest = _read_json(path)
     asked = {"weights": weights, "held_out": held_out, "seed": seed, "train_size": train_size, "eval_size": eval_size}
     differ = [f"{k} {manifest.get(k)!r} (asked: {v!r})" for k, v in asked.items() if manifest.get(k) != v]
     if differ:
         raise InputError(f"holds another mixture: {'; '.join(differ)}. Remove the folder or mix into another --out",
                          path)
+    for name, digest in manifest.get("files", {}).items():
+        if not (out / name).is_file() or jsonio.file_digest(out / name) != digest:
+            raise InputError(f"does not match {path}: remove the folder and mix again", out / name)
+    worlds = {**manifest.get("worlds", {}), **({held_out: manifest.get("held_out_world")} if held_out else {})}
+    for name, entry in worlds.items():
+        own = worlds_dir / name / "manifest.json"
+        if own.is_file() and _read_json(own).get("files") != (entry or {}).get("files"):
+            raise InputError(f"was mixed from another build of world {name} than {own}: remove the folder and "
+                             f"mix again", path)
 
 
-def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | Path, held_out: str | None = None,
-                  seed: int = 0, train_size: int | None = None, eval_size: int | None = None,
-                  say: Callable[[str], None] = lambda msg: None) -> dict:
-    """Write the mixture of `weights`' worlds (built under `worlds_dir`) into `out`; returns stats.json."""
-    out, worlds_dir = Path(out), Path(worlds_dir)
+def check_arguments(weights: dict[str, float], held_out: str | None, seed: int, train_size: int | None,
+                    eval_size: int | None) -> None:
+    """The mixture's arguments, checked before any world is read."""
     if held_out is not None:
         registry.get(held_out)
         mixed = [n for n in weights if split_entry(n)[0] == held_out]
@@ -249,6 +261,17 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
     for label, size in (("--train-size", train_size), ("--eval-size", eval_size)):
         if size is not None and size < 1:
             raise InputError(f"{label} must be at least 1, got {size}")
+
+
+def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | Path, held_out: str | None = None,
+                  seed: int = 0, train_size: int | None = None, eval_size: int | None = None,
+                  say: Callable[[str], None] = lambda msg: None) -> dict:
+    """Write the mixture of `weights`' worlds (built under `worlds_dir`) into `out`; returns stats.json.
+
+    The files are written into a folder beside `out` and renamed onto it once complete, so a run
+    stopped half way leaves the old mixture (or none), never new files under an old manifest."""
+    out, worlds_dir = Path(out), Path(worlds_dir)
+    check_arguments(weights, held_out, seed, train_size, eval_size)
     names = sorted(weights)
     manifests = {n: ensure_world(n, worlds_dir / n, seed, say) for n in names}
     held_manifest = ensure_world(held_out, worlds_dir / held_out, seed, say) if held_out else None
@@ -268,14 +291,21 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
     oracle, tried = _oracles(rows["train"], worlds, corpus, dropped)
 
     say(f"writing {out}")
-    jsonio.write_jsonl(out / "corpus.jsonl", corpus)
-    for split in SPLITS:
-        jsonio.write_jsonl(out / f"{split}.jsonl", rows[split])
-    jsonio.write_jsonl(out / "oracle.jsonl", oracle)
     stats = _stats(seed, weights, share, held_out, worlds, corpus, rows, oracle, tried, dropped)
-    jsonio.write_json(out / "stats.json", stats)
-    jsonio.write_json(out / "manifest.json", _manifest(out, seed, weights, held_out, manifests, held_manifest,
-                                                       train_size, eval_size))
+    partial = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        jsonio.write_jsonl(partial / "corpus.jsonl", corpus)
+        for split in SPLITS:
+            jsonio.write_jsonl(partial / f"{split}.jsonl", rows[split])
+        jsonio.write_jsonl(partial / "oracle.jsonl", oracle)
+        jsonio.write_json(partial / "stats.json", stats)
+        jsonio.write_json(partial / "manifest.json", _manifest(partial, seed, weights, held_out, manifests,
+                                                               held_manifest, train_size, eval_size))
+        jsonio.replace_dir(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return stats
 
 
