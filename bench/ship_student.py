@@ -21,12 +21,11 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from dgpo_edge.bundle.student import SHIPPED, read_adapter, shipped_student
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import file_digest, replace_dir
+from dgpo_edge.jsonio import atomic_dir, file_digest
 from dgpo_edge.train.models import evenly_spaced_layers
 
 FILES = ("adapter_config.json", "adapter_model.safetensors", "norms.safetensors")   # the last one optional
@@ -61,17 +60,12 @@ def ship(args: argparse.Namespace) -> Path:
     if not isinstance(trained, dict):
         raise InputError("--trained must hold a JSON object (recipe, card, commit, date, gpu_em)", args.trained)
     spec = student_spec(args.adapter, like.spec, args.name, trained)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.", dir=args.out.parent))
-    try:
+    with atomic_dir(args.out) as tmp:
         (tmp / "adapter").mkdir()
         for f in spec["adapter"]:
             shutil.copyfile(args.adapter / f, tmp / "adapter" / f)
         (tmp / "student.json").write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
         shipped_student(tmp)            # the bundle's own reader accepts it
-        replace_dir(tmp, args.out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return args.out
 
 

@@ -66,6 +66,28 @@ def replace_dir(src: str | Path, dst: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def atomic_dir(out: str | Path) -> Iterator[Path]:
+    """A temp directory beside `out`, renamed onto it (replace_dir) when the block succeeds.
+
+    An existing `out` is replaced only after the new one is complete; on error the temp dir is
+    removed and `out` is left as it was.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        for f in tmp.rglob("*"):  # some writers create 0600 files (mkstemp); be like open()
+            if f.is_file():
+                make_readable(f)
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def make_readable(path: str | Path) -> None:
     """mkstemp creates files 0600; give them the mode a plain open() would (0666 & ~umask)."""
     umask = os.umask(0)

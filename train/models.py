@@ -28,14 +28,12 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import make_readable, replace_dir
+from dgpo_edge.jsonio import atomic_dir as jsonio_atomic_dir
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -265,25 +263,10 @@ def check_replaceable(out: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(out: str | Path) -> Iterator[Path]:
-    """A temp directory beside `out`, renamed onto it when the block succeeds.
-
-    An existing `out` is replaced only after the new one is complete; on error the temp dir is
-    removed and `out` is left as it was.
-    """
-    out = Path(out)
-    check_replaceable(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    """jsonio.atomic_dir for a model folder: a folder that holds something else is not replaced."""
+    check_replaceable(Path(out))
+    with jsonio_atomic_dir(out) as tmp:
         yield tmp
-        os.chmod(tmp, 0o755)
-        for f in tmp.rglob("*"):  # some writers create 0600 files (mkstemp); be like open()
-            if f.is_file():
-                make_readable(f)
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_checkpoint(model: Any, tokenizer: Any, out: str | Path,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,12 +108,19 @@ def ensure_world(name: str, folder: Path, seed: int, say: Callable[[str], None])
         say(f"building world {name} into {folder}")
         registry.build(world, folder, seed=seed, say=say)
     manifest = _read_json(manifest_path)
+    if (path := _changed_file(folder, manifest)) is not None:
+        raise InputError(f"does not match {manifest_path} (rebuild the world with "
+                         f"`dgpo-edge data build {world} --seed {seed} --out {folder}`)", path)
+    return manifest
+
+
+def _changed_file(folder: Path, manifest: dict) -> Path | None:
+    """The first file of a world's or mixture's manifest that is missing or differs from its digest."""
     for file, digest in manifest.get("files", {}).items():
         path = folder / file
         if not path.is_file() or jsonio.file_digest(path) != digest:
-            raise InputError(f"does not match {manifest_path} (rebuild the world with "
-                             f"`dgpo-edge data build {world} --seed {seed} --out {folder}`)", path)
-    return manifest
+            return path
+    return None
 
 
 def read_world(name: str, folder: Path, manifest: dict) -> WorldData:
@@ -237,9 +243,8 @@ def check_same_mixture(out: str | Path, weights: dict[str, float], worlds_dir: s
     if differ:
         raise InputError(f"holds another mixture: {'; '.join(differ)}. Remove the folder or mix into another --out",
                          path)
-    for name, digest in manifest.get("files", {}).items():
-        if not (out / name).is_file() or jsonio.file_digest(out / name) != digest:
-            raise InputError(f"does not match {path}: remove the folder and mix again", out / name)
+    if (changed := _changed_file(out, manifest)) is not None:
+        raise InputError(f"does not match {path}: remove the folder and mix again", changed)
     worlds = {**manifest.get("worlds", {}), **({held_out: manifest.get("held_out_world")} if held_out else {})}
     for name, entry in worlds.items():
         own = worlds_dir / name / "manifest.json"
@@ -292,20 +297,14 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
 
     say(f"writing {out}")
     stats = _stats(seed, weights, share, held_out, worlds, corpus, rows, oracle, tried, dropped)
-    partial = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
-        jsonio.write_jsonl(partial / "corpus.jsonl", corpus)
+    with jsonio.atomic_dir(out) as tmp:
+        jsonio.write_jsonl(tmp / "corpus.jsonl", corpus)
         for split in SPLITS:
-            jsonio.write_jsonl(partial / f"{split}.jsonl", rows[split])
-        jsonio.write_jsonl(partial / "oracle.jsonl", oracle)
-        jsonio.write_json(partial / "stats.json", stats)
-        jsonio.write_json(partial / "manifest.json", _manifest(partial, seed, weights, held_out, manifests,
-                                                               held_manifest, train_size, eval_size))
-        jsonio.replace_dir(partial, out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+            jsonio.write_jsonl(tmp / f"{split}.jsonl", rows[split])
+        jsonio.write_jsonl(tmp / "oracle.jsonl", oracle)
+        jsonio.write_json(tmp / "stats.json", stats)
+        jsonio.write_json(tmp / "manifest.json", _manifest(tmp, seed, weights, held_out, manifests, held_manifest,
+                                                           train_size, eval_size))
     return stats
 
 
