@@ -2,7 +2,8 @@
 # On the GPU machine, the lease's first call (carry [.carry/whl, .carry/qwen2]; bench/lease/prepare.sh
 # made them), and `setup.sh data` a second one that carries [.carry/data] (prepare.sh WORLDS=1):
 # the missing wheels and this checkout installed into the image's Python, FactbookQA built, the
-# paper-shape random checkpoints of bench/rl_cost.py started in the background (out/logs/rlcost-prepare.log).
+# paper-shape random checkpoints of bench/rl_cost.py started in the background (out/logs/rlcost-prepare.log;
+# RL_COST=0 skips them, for a lease that runs no bench/rl_cost.py and wants its CPUs for training).
 # The checkout is installed editable: `python3 -m dgpo_edge` from the root then finds dgpo_edge.train,
 # which lives in train/ (pyproject's package-dir), where the source folder alone would not.
 # (Links made on the machine do not help: every call copies the checkout again and removes what it lacks.)
@@ -30,5 +31,5 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 [ -f out/factbookqa/train.jsonl ] || python3 -m dgpo_edge data factbook --out out/factbookqa > out/logs/data.log 2>&1 \
   || { tail out/logs/data.log; exit 1; }
-setsid nohup python3 bench/rl_cost.py prepare --tokenizer device/qwen2 > out/logs/rlcost-prepare.log 2>&1 < /dev/null &
+[ "${RL_COST:-1}" = 0 ] || setsid nohup python3 bench/rl_cost.py prepare --tokenizer device/qwen2 > out/logs/rlcost-prepare.log 2>&1 < /dev/null &
 echo "set up"
