@@ -25,7 +25,12 @@
 # Once the teacher is trained, the references (REFS, default "teacher kd base": the teacher, the KD
 # start, the pruned base; REFS="" skips them) are evaluated on the test and dev splits on the first
 # lane's GPU, beside its rows: out/eval/lanes-ref.jsonl.
-# START, TAG, STEPS and MICRO_BATCH pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
+# MICRO_BATCH: the RL rows' micro-batch. Unset, it is the configs' 32 for a row alone on its card
+# and 16 for rows that share one: a 24-layer row peaked at 53-66 GB at 32 (H200, 2026-11-28), so
+# two on a 140 GB card ran out of memory, where 16 peaked at 37 GB. The micro-batch changes only
+# how a mini-batch's gradient is accumulated, not what it computes. A row that still runs out of GPU
+# memory resumes once from its last checkpoint at half its micro-batch (logged), while time is left.
+# START, TAG and STEPS pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
 # to every RL row (e.g. "optim.lr=1e-4"), KD_ARGS to every KD-loss row; LIMIT evaluates only the first N test questions; EVAL_LAST=0
 # skips the last-checkpoint evaluations after the deadline (the runs' reports hold test EM already).
 # PACK="RUN..." then writes each named run's last checkpoint (an RL or KD run folder under out/runs,
@@ -53,11 +58,13 @@ methods=" ppo dgpo grpo dgpo_grpo dgpo_all_rollouts dgpo_no_cold_start teacher_p
 seen=" "
 chain_re="$spec_re(\\+$spec_re)*"
 chains=()   # "GPU SPEC[+SPEC...]", every row checked before anything runs
+declare -A sharing   # GPU -> how many chains run on it at once
 for lane in "$@"; do
   [[ $lane =~ ^[0-9]+=$chain_re(,$chain_re)*$ ]] || { echo "error: bad lane '$lane' (GPU=METHOD:SEED[:VARIANT][+...],...)" >&2; exit 2; }
   gpus+=("${lane%%=*}")
   IFS=, read -ra lane_chains <<< "${lane#*=}"
   for chain in "${lane_chains[@]}"; do chains+=("${lane%%=*} $chain"); done
+  sharing[${lane%%=*}]=$(( ${sharing[${lane%%=*}]:-0} + ${#lane_chains[@]} ))
   IFS=,+ read -ra specs <<< "${lane#*=}"
   for spec in "${specs[@]}"; do
     IFS=: read -r method seed variant <<< "$spec"
@@ -103,6 +110,11 @@ wait_for_teacher() {  # 0 once the teacher is trained; 1 if it failed or the dea
   [ "$(cat $teacher_state)" = ok ] || { log "teacher failed (out/logs/lanes-teacher.log)"; return 1; }
 }
 
+train_row() {  # GPU MICRO_BATCH SECONDS LOG METHOD SEED [k=v...]: one row's trainer (TAG from the caller)
+  local gpu=$1 micro=$2 seconds=$3 logfile=$4; shift 4
+  # TERM at the deadline, KILL 30 s later for a row that does not stop (stuck in CUDA, say)
+  CUDA_VISIBLE_DEVICES=$gpu MICRO_BATCH=$micro timeout -k 30 --signal=TERM "$seconds" bash $rows row "$@" > "$logfile" 2>&1
+}
 run_row() {  # GPU METHOD SEED [VARIANT]
   local row="$2${4:+-$4} s$3" extra=() tag=${TAG:-} l args
   case $2 in ppo|grpo) ;; *) wait_for_teacher || { log "skip $row: no teacher"; return; } ;; esac
@@ -110,13 +122,23 @@ run_row() {  # GPU METHOD SEED [VARIANT]
   [ "$l" -gt 60 ] || { log "skip $row: $l s left"; return; }
   if [ -n "${4:-}" ]; then read -ra extra <<< "$(printenv "VARIANT_$4")"; tag=${TAG:+$TAG-}$4; fi
   case $2 in kd_*) args=${KD_ARGS:-} ;; *) args=${ROW_ARGS:-} ;; esac   # the two trainers take other keys
-  log "gpu $1: $row for up to $l s"
-  # TERM at the deadline, KILL 30 s later for a row that does not stop (stuck in CUDA, say)
+  local micro=${MICRO_BATCH:-$([ "${sharing[$1]}" -gt 1 ] && echo 16 || echo 32)}
+  local logfile="out/logs/rl-$2${tag:+-$tag}-s$3.log" status
+  log "gpu $1: $row for up to $l s (micro-batch $micro)"
   # shellcheck disable=SC2086 # args is a list of overrides
-  CUDA_VISIBLE_DEVICES=$1 TAG=$tag timeout -k 30 --signal=TERM "$l" bash $rows row "$2" "$3" $args "${extra[@]}" \
-    > "out/logs/rl-$2${tag:+-$tag}-s$3.log" 2>&1
-  local status=$?
+  TAG=$tag train_row "$1" "$micro" "$l" "$logfile" "$2" "$3" $args "${extra[@]}"
+  status=$?
   log "gpu $1: $row ended (status $status)"
+  # out of GPU memory (a neighbour's peak can meet this row's): once more from its checkpoint,
+  # at half the micro-batch, its first log kept beside the new one
+  if ! ok_or_deadline $status && grep -q "OutOfMemoryError" "$logfile" && [ "$(left)" -gt 120 ] && [ "$micro" -gt 4 ]; then
+    micro=$(( micro / 2 )); l=$(left); mv "$logfile" "${logfile%.log}.oom.log"
+    log "gpu $1: $row ran out of GPU memory; resumed from its last checkpoint at micro-batch $micro for up to $l s"
+    # shellcheck disable=SC2086
+    TAG=$tag train_row "$1" "$micro" "$l" "$logfile" "$2" "$3" $args "${extra[@]}"
+    status=$?
+    log "gpu $1: $row ended (status $status)"
+  fi
   ok_or_deadline $status || { echo "$row" >> $failed; return 1; }
 }
 # A row that fails stops its chain: the rows after it may need what it makes (teacher_ppo, then

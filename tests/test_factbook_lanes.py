@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STUB = """#!/usr/bin/env bash
 echo "$* | gpu=${CUDA_VISIBLE_DEVICES:-} tag=${TAG:-}" >> out/calls.log
 case $1 in
-  row) case $2 in kd_*) d=out/runs/kd-${2#kd_}${TAG:+-$TAG}-s$3 ;; *) d=out/runs/rl-$2${TAG:+-$TAG}-s$3 ;; esac
+  row) echo "$2 $3 ${MICRO_BATCH:-}" >> out/micro.log
+       case $2 in kd_*) d=out/runs/kd-${2#kd_}${TAG:+-$TAG}-s$3 ;; *) d=out/runs/rl-$2${TAG:+-$TAG}-s$3 ;; esac
        mkdir -p "$d" && echo '{}' > "$d/report.jsonl" ;;
   reports) echo "reports of $3 $4 $5" ;;
 esac
@@ -115,6 +116,43 @@ def test_the_last_evaluations_take_every_run_and_the_teacher_only_if_it_trained(
     evals = [c.split(" |")[0].split()[3:] for c in (root / "out" / "calls.log").read_text().splitlines()
              if c.startswith("eval out/eval/lanes-test.jsonl")]
     assert evals == [["kd", "rl-dgpo-s0", "kd-jsd-s0"] + (["teacher"] if teacher_ok else [])]
+
+
+def _micro(root):
+    return sorted((root / "out" / "micro.log").read_text().splitlines())
+
+
+def test_rows_that_share_a_card_take_micro_batch_16(lanes):
+    # alone on its card a row keeps the configs' 32; two rows at once on one card take 16 (two
+    # 24-layer rows at 32 ran out of a 140 GB card); a given MICRO_BATCH holds for every row
+    root, run = lanes
+    assert run("0=ppo:0,dgpo:0", "1=ppo:1+dgpo:1", REFS="").returncode == 0
+    assert _micro(root) == ["dgpo 0 16", "dgpo 1 32", "ppo 0 16", "ppo 1 32"]
+    (root / "out" / "micro.log").unlink()
+    assert run("0=ppo:2,dgpo:2", "1=ppo:3", REFS="", MICRO_BATCH="8").returncode == 0
+    assert _micro(root) == ["dgpo 2 8", "ppo 2 8", "ppo 3 8"]
+
+
+@pytest.mark.parametrize("error, resumed", [("torch.OutOfMemoryError: CUDA out of memory.", True),
+                                            ("ValueError: something else", False)])
+def test_a_row_out_of_gpu_memory_resumes_once_at_half_the_micro_batch(lanes, error, resumed):
+    root, run = lanes
+    stub = (root / "bench" / "factbook_rows.sh").read_text()
+    # the first try of dgpo 0 fails (out of memory, or another error) before it records anything
+    first_try = f'[ "$2" = dgpo ] && [ ! -f out/tried ] && {{ touch out/tried; echo "{error}"; exit 1; }}'
+    stub = stub.replace("  row) ", "  row) " + first_try + "\n       ", 1)
+    (root / "bench" / "factbook_rows.sh").write_text(stub)
+    r = run("0=dgpo:0,ppo:0", REFS="")
+    assert r.returncode == (0 if resumed else 1)
+    log = (root / "out" / "logs" / "lanes.log").read_text()
+    if resumed:
+        assert _micro(root) == ["dgpo 0 8", "ppo 0 16"]   # the second try at half of 16
+        assert "dgpo s0 ran out of GPU memory; resumed from its last checkpoint at micro-batch 8" in log
+        assert "OutOfMemoryError" in (root / "out" / "logs" / "rl-dgpo-s0.oom.log").read_text()
+        assert not (root / "out" / "logs" / "lanes.failed").exists()
+    else:   # another failure is not tried again
+        assert _micro(root) == ["ppo 0 16"]
+        assert (root / "out" / "logs" / "lanes.failed").read_text() == "dgpo s0\n"
 
 
 def test_a_failed_last_evaluation_fails_the_command(lanes):

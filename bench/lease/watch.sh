@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, a watch call: wait, print where the lease's jobs stand, and bring back the small
-# results (the lanes' evaluations, bench/worlds_loo.sh's as worlds-eval.WORLD.jsonl, per-run metrics and reports, bench/rl_cost.py's runs, and any
+# results (the lanes' evaluations, bench/worlds_loo.sh's as worlds-eval.WORLD.jsonl, per-run metrics, dev evaluations and reports, bench/rl_cost.py's runs, and any
 # JSON or log a job wrote under out/results/, e.g. bench/rollout.py --out out/results/rollout.json) as
 # $OUT/results.tgz, which a call returns (at most 8 files of 16 MiB), and each KD adapter in out/pack as
 # $OUT/NAME-adapter.tgz.
 #   bash bench/lease/watch.sh SECONDS
+# A log with a Python traceback is named on a line starting with "!!" (a row out of GPU memory, say).
 # Issue the next watch the moment one returns: a machine with no call in flight goes back after 30 s,
 # with everything on it. Editing code here while a lease runs means no call is in flight: a lease
 # on 2026-11-28 was lost that way mid-run (three KD students and two benchmark runs). Write the
@@ -15,12 +16,15 @@ sleep "${1:?usage: bench/lease/watch.sh SECONDS}"
 date; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
 tail -n 20 out/logs/lanes.log 2>/dev/null
 for f in out/logs/rl-*.log out/logs/worlds-*.log out/results/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 2 "$f" | cut -c1-300; }; done
+# a job that died says so at the top of the next watch's output, not in a tail that scrolled by
+for f in $(grep -l "^Traceback" out/logs/*.log out/results/*.log 2>/dev/null); do
+  echo "!! $f: $(grep -E "^[A-Za-z_.]+(Error|Exception)" "$f" | tail -n 1 | cut -c1-200)"; done
 [ -n "${OUT:-}" ] || exit 0
 r=$(mktemp -d)/results; mkdir -p "$r"
 cp out/eval/*.jsonl out/results/*.json out/results/*.log out/bench-rl-cost/results.json "$r/" 2>/dev/null
 for f in out/worlds-eval/*.jsonl; do [ -f "$f" ] && cp "$f" "$r/worlds-eval.$(basename "$f")"; done
 for d in out/runs/* out/bench-rl-cost/run-*; do
-  for f in metrics.csv report.jsonl summary.json; do [ -f "$d/$f" ] && cp "$d/$f" "$r/$(basename "$d").$f"; done
+  for f in metrics.csv eval.csv report.jsonl summary.json; do [ -f "$d/$f" ] && cp "$d/$f" "$r/$(basename "$d").$f"; done
 done
 tar czf "$OUT/results.tgz" -C "$(dirname "$r")" results
 # KD adapters that bench/worlds_loo.sh PACK=1 left in out/pack, one file each: a 24-layer LoRA r=32 is about
