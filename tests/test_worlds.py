@@ -1,4 +1,4 @@
-"""The worlds registry (issue 19): elements, cities, dictionary and notes, built small.
+"""The worlds registry (issue 19): elements, cities, dictionary, notes and records, built small.
 
 Each world is built once per module at a small --size, and again at the same
 time in a fresh interpreter with another hash seed, so the determinism test
@@ -33,7 +33,7 @@ from dgpo_edge.worlds.source import package_file
 
 from cli_helpers import assert_one_line_error, invoke
 
-SIZES = {"elements": 40, "cities": 160, "dictionary": 300, "notes": 40}
+SIZES = {"elements": 40, "cities": 160, "dictionary": 300, "notes": 40, "records": 90}
 _TWIN = ("import sys\nfrom dgpo_edge.worlds.registry import build\n"
          "build(sys.argv[1], sys.argv[2], seed=0, size=int(sys.argv[3]))\n")
 
@@ -106,7 +106,7 @@ def test_question_rows(built):
 
 
 def registry_prefix(built: Built) -> str:
-    return {"elements": "elem", "cities": "city", "dictionary": "dict", "notes": "notes"}[built.name]
+    return {"elements": "elem", "cities": "city", "dictionary": "dict", "notes": "notes", "records": "rec"}[built.name]
 
 
 def test_every_gold_answer_is_in_its_evidence(built):
@@ -196,6 +196,34 @@ def test_notes_chain_the_issue_asks_for(tmp_path):
     assert any(q["hops"] == 3 for q in rows)
 
 
+def test_records_ask_for_fields_no_notes_relation_is_named_like():
+    """Records teach reading the field a question names; none of their fields shares a word with
+    a notes relation, so notes stay held out when records are in the mixture."""
+    from dgpo_edge.worlds import records
+    from dgpo_edge.worlds.notes import people, questions
+    notes_words = {w.lower() for key, (_, label) in questions.FACT.items() for w in (*key.split("_"), *label.split())}
+    notes_words |= {w for key in questions.CHAIN for w in key.split("_")}
+    record_words = {w.strip("'s").lower() for label in records.FIELD_LABELS for w in label.split()}
+    assert len(records.FIELD_LABELS) == 57
+    assert not record_words & notes_words, record_words & notes_words
+    assert not set(records.FIRST) & set(people.FIRST)
+
+
+def test_records_chains_follow_a_link_to_the_linked_record(tmp_path):
+    registry.build("records", tmp_path, size=36)
+    rows = [q for s in SPLITS for q in _jsonl(tmp_path / f"{s}.jsonl")]
+    corpus = {r["id"]: r["contents"] for r in _jsonl(tmp_path / "corpus.jsonl")}
+    bridges = [q for q in rows if q["type"] == "bridge"]
+    assert bridges and {q["hops"] for q in rows} == {1, 2}
+    for q in bridges:
+        first, second = (corpus[pid] for pid in q["evidence"])
+        title = second.partition("\n")[0].strip('"')
+        assert title in first and q["bridge"].endswith(title)   # the first record names the second
+        assert q["golden_answers"][0] in second
+    layouts = Counter(("Its " in c) + 2 * (" - " in c) for c in corpus.values())
+    assert len(layouts) == 3   # all three ways of writing a record occur
+
+
 def test_notes_folder_indexed_and_searched(tmp_path):
     """`data build notes --as-folder`, then `index build` and `index search` find each hop's note."""
     out = tmp_path / "world"
@@ -247,6 +275,7 @@ def test_data_build_help():
     (["elements", "--as-folder"], ["--as-folder", "elements"]),
     (["notes", "--size", "0"], ["--size"]),
     (["notes", "--size", "500"], ["--size", "people", "6 to 118"]),
+    (["records", "--size", "5"], ["records", "at least 18", "--size"]),
 ])
 def test_data_build_bad_input(tmp_path, args, needles):
     out = tmp_path / "out"

@@ -1,8 +1,8 @@
 """The worlds `dgpo-edge data build WORLD` knows, and how to build each.
 
 Every world writes the same files (corpus.jsonl, train/dev/test.jsonl,
-oracle.jsonl, stats.json, manifest.json) from a pinned package or, for notes,
-from the seed alone; nothing is fetched at build time.
+oracle.jsonl, stats.json, manifest.json) from a pinned package or, for notes
+and records, from the seed alone; nothing is fetched at build time.
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ WORLDS = {w.name: w for w in (
           size="headwords"),
     World("notes", "dgpo_edge.worlds.notes.build:build_notes", "", "",
           "generated Markdown notes of 100 people: 258 passages, 1,177 questions", size="people, 6 to 118", folder=True),
+    World("records", "dgpo_edge.worlds.records:build_records", "", "",
+          "generated records of 360 clubs, ships, museums, bands and more, 57 field names: 360 passages, "
+          "3,370 questions", size="records, at least 18"),
 )}
 
 

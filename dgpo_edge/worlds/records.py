@@ -1,0 +1,242 @@
+"""The records world: generated record cards (clubs, ships, museums, bands, ...) with many field names.
+
+Why it exists: a student trained on the reference worlds searches a corpus it never saw well,
+but then answers the wrong field of the passage it found ("what team does lucas belong to" ->
+the team's lead; docs/worlds.md, "Leave one world out"). Those worlds ask for a few dozen
+relations, so the student can learn them one by one. Records ask for 57 field names over nine
+kinds of things, each record written in one of three layouts, so what carries from one record to
+the next is reading the field the question names. No field is named like a relation of the
+notes world (no owner, room, team, date, ...; a test checks it), so notes stay a world held out
+when records are in the mixture.
+
+Everything comes from the seed: invented names, towns and people, one passage per record.
+Questions ask for one field (1 hop), for a field of the record another one links to (2 hops:
+"Who is the curator of the partner museum of the Orvane Museum?"), or compare a number
+field of two records of one kind.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+from .base import Question, WorldPassage
+from .facts import Fact, Relation, bridge_question, comparison_question, fact_question
+from .phrasing import Phraser
+from .pipeline import WorldSpec, assign_splits, build_world, check_holdout
+
+SPEC = WorldSpec(kind="records", source="generated", prefix="rec")
+DEFAULT_RECORDS = 360
+MIN_RECORDS = 18   # two of each kind, so every link has somewhere to point
+
+# first names not used by the notes world (a test checks it), surnames made from syllables
+FIRST = ("Agnes", "Bertil", "Cosima", "Dorian", "Edda", "Florin", "Gwen", "Horatio", "Imke", "Jasper",
+         "Kalle", "Liesel", "Magnus", "Nerys", "Odile", "Piet", "Ragna", "Silas", "Tilde", "Ulrich",
+         "Vanja", "Wolfram", "Yvette", "Zeno", "Ansel", "Brigid", "Cedric", "Delphine", "Ewan", "Fenna",
+         "Gisela", "Hector", "Isolde", "Jorun", "Kasimir", "Lotte", "Merle", "Niamh", "Osric", "Petra")
+SYLLABLES = ("ka", "lo", "ve", "ri", "mor", "tan", "bel", "quin", "dra", "sol", "fen", "ast", "hal",
+             "cor", "ny", "el", "tor", "vas", "mir", "zen", "pa", "ul", "gar", "ost", "bri", "dun", "wy")
+TOWN_ENDS = ("ford", "by", "mere", "wick", "stead", "haven", "moor", "field")
+COLOURS = ("teal", "crimson", "ochre", "navy blue", "emerald", "saffron", "plum", "silver grey",
+           "burgundy", "olive", "amber", "cobalt", "ivory", "rust red", "lilac", "charcoal")
+POOLS = {
+    "specialty": ("oak cabinets", "wrought iron gates", "stained glass", "copper kettles", "violins",
+                  "leather saddles", "clock springs", "wooden toys", "ship models", "harpsichords"),
+    "star exhibit": ("a brass orrery", "a whale skeleton", "a Roman mosaic", "a steam carriage",
+                     "a gold astrolabe", "a meteorite", "a medieval loom", "a diving suit"),
+    "signature plant": ("blue poppies", "giant water lilies", "tree ferns", "desert roses", "orchids",
+                        "dwarf pines", "carnivorous pitchers", "wild tulips"),
+    "mascot": ("a red fox", "a heron", "a badger", "an otter", "a barn owl", "a hare", "a stag beetle"),
+    "best seller": ("maps", "fountain pens", "seed packets", "tin soldiers", "jigsaw puzzles",
+                    "field guides", "candles", "postcards"),
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    label: str    # as questions and passages name it, e.g. "club colour"
+    kind: str     # person | town | year | colour | pool | number | money | callsign | link
+    arg: str = ""  # number: the unit; link: the kind of record it points to; pool: the pool's name
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    patterns: tuple[str, ...]   # record names, {n} an invented word
+    fields: tuple[Field, ...]
+
+
+def _of(kind: str) -> Callable[[str], Field]:
+    return lambda label: Field(label, kind)
+
+
+P, T, Y, C = _of("person"), _of("town"), _of("year"), _of("colour")
+KINDS = (
+    Kind("club", ("{n} Rowing Club", "{n} Chess Club", "{n} Cycling Club"), (
+        P("founder"), P("captain"), P("treasurer"), T("clubhouse town"), Y("founding year"),
+        C("club colour"), Field("annual fee", "money"), Field("rival club", "link", "club"))),
+    Kind("ship", ("the schooner {n}", "the steamer {n}", "the ferry {n}"), (
+        P("skipper"), P("ship's cook"), T("home port"), Y("launch year"), C("hull colour"),
+        Field("tonnage", "number", "tonnes"), Field("call sign", "callsign"), Field("sister ship", "link", "ship"))),
+    Kind("workshop", ("{n} Joinery", "{n} Forge", "{n} Glassworks"), (
+        P("master craftsman"), T("workshop town"), Y("year established"), Field("apprentices", "number"),
+        Field("specialty", "pool", "specialty"), Field("main buyer", "link", "shop"))),
+    Kind("shop", ("{n} Books", "{n} Hardware", "{n} Stationers"), (
+        P("proprietor"), P("shop assistant"), T("shop town"), Y("opening year"), C("shopfront colour"),
+        Field("best seller", "pool", "best seller"), Field("supplier", "link", "workshop"))),
+    Kind("band", ("the {n} Quartet", "{n} and the Lanterns", "the {n} Brass Band"), (
+        P("singer"), P("drummer"), T("home town"), Y("formation year"), Field("record label", "link", "label"))),
+    Kind("label", ("{n} Records",), (
+        P("label founder"), T("headquarters town"), Y("year founded"), C("logo colour"),
+        Field("catalogue prefix", "callsign"), Field("biggest act", "link", "band"))),
+    Kind("festival", ("the {n} Folk Festival", "the {n} Lantern Fair"), (
+        P("artistic director"), T("festival town"), Y("first edition"), Field("ticket price", "money"),
+        Field("mascot", "pool", "mascot"), Field("headliner", "link", "band"))),
+    Kind("museum", ("the {n} Museum of Clocks", "the {n} Maritime Museum", "the {n} Museum"), (
+        P("curator"), P("head of archives"), T("museum town"), Y("opening year"),
+        Field("star exhibit", "pool", "star exhibit"), Field("entry fee", "money"), Field("partner museum", "link", "museum"))),
+    Kind("garden", ("the {n} Botanic Garden", "the {n} Physic Garden"), (
+        P("head gardener"), T("garden town"), Y("year founded"), Field("glasshouses", "number"),
+        Field("signature plant", "pool", "signature plant"), Field("twin garden", "link", "garden"))),
+)
+BY_NAME = {k.name: k for k in KINDS}
+FIELD_LABELS = tuple(dict.fromkeys(f.label for k in KINDS for f in k.fields))
+COMPARE = {"year": ("Which is older, {a} or {b}?", "{a} or {b}: which came first",
+                    "was {a} or {b} there earlier"),
+           "number": ("Which has more {f}, {a} or {b}?", "{a} vs {b} {f}")}
+
+
+def relations() -> dict[str, Relation]:
+    """One relation per field label: generic surface forms around the label, person fields as 'who'."""
+    out = {}
+    for k in KINDS:
+        for f in k.fields:
+            lead = (("Who is the {f} of {x}?", "name the {f} of {x}", "who's {x}'s {f}") if f.kind == "person"
+                    else ("What is the {f} of {x}?", "what's {x}'s {f}", "Tell me the {f} of {x}."))
+            out[f.label] = Relation(f.label, tuple(t.replace("{f}", f.label) for t in lead + ("{x} {f}", "{f} of {x}")),
+                                    (f.label,))
+    return out
+
+
+@dataclass
+class Record:
+    key: str                # "museum:orvane" (split hold-out)
+    kind: Kind
+    name: str               # "the Orvane Museum"
+    values: dict[str, str]  # field label -> value as written
+
+    @property
+    def title(self) -> str:
+        return self.name[4:] if self.name.startswith("the ") else self.name
+
+
+def _word(rng: random.Random, used: set[str]) -> str:
+    while True:
+        w = "".join(rng.choice(SYLLABLES) for _ in range(rng.choice((2, 3)))).capitalize()
+        if w not in used and 4 <= len(w) <= 10:
+            used.add(w)
+            return w
+
+
+def make_records(n: int, seed: int) -> list[Record]:
+    """`n` records, the kinds in turn; links point at another record of the kind they name."""
+    rng, used = random.Random(f"records-{seed}"), set()
+    towns = [_word(rng, used) + rng.choice(TOWN_ENDS) for _ in range(max(12, n // 6))]
+    people = [f"{rng.choice(FIRST)} {_word(rng, used)}" for _ in range(n * 2)]
+    records = []
+    for i in range(n):
+        kind = KINDS[i % len(KINDS)]
+        word = _word(rng, used)
+        records.append(Record(f"{kind.name}:{word.lower()}", kind, rng.choice(kind.patterns).format(n=word), {}))
+    for r in records:
+        for f in r.kind.fields:
+            r.values[f.label] = _value(f, r, records, rng, towns, people)
+    return records
+
+
+def _value(f: Field, r: Record, records: list[Record], rng: random.Random, towns: list[str], people: list[str]) -> str:
+    if f.kind == "person":
+        return rng.choice(people)
+    if f.kind == "town":
+        return rng.choice(towns)
+    if f.kind == "year":
+        return str(rng.randrange(1820, 2016))
+    if f.kind == "colour":
+        return rng.choice(COLOURS)
+    if f.kind == "pool":
+        return rng.choice(POOLS[f.arg])
+    if f.kind == "number":
+        return f"{rng.randrange(2, 900)}" + (f" {f.arg}" if f.arg else "")
+    if f.kind == "money":
+        return f"{rng.randrange(3, 120)} euros"
+    if f.kind == "callsign":
+        return f"{rng.choice('BDFKMRTVXZ')}{rng.choice('AEHLNQSUWY')}-{rng.randrange(1000, 9999)}"
+    others = [o for o in records if o.kind.name == f.arg and o is not r]
+    return rng.choice(others).title
+
+
+LAYOUTS = ("{F}: {v}.", "Its {f} is {v}.", "{f} - {v};")   # a record is written in one of them
+
+
+def passage(r: Record, pid: str, layout: str) -> WorldPassage:
+    lines = [f"{r.name[0].upper() + r.name[1:]} is a {r.kind.name}."]
+    lines += [layout.format(F=f.label[0].upper() + f.label[1:], f=f.label, v=r.values[f.label]) for f in r.kind.fields]
+    return WorldPassage(pid, r.title, " ".join(lines))
+
+
+def facts(r: Record, pid: str) -> dict[str, Fact]:
+    """Every field as a fact; a number's or a price's bare figure is a gold answer too."""
+    out = {}
+    for f in r.kind.fields:
+        v = r.values[f.label]
+        answers = (v, v.split()[0]) if f.kind in ("number", "money") and " " in v else (v,)
+        out[f.label] = Fact(r.key, r.name, f.label, answers, pid)
+    return out
+
+
+def questions(records: list[Record], fs: dict[str, dict[str, Fact]], seed: int) -> list[Question]:
+    ph, rng, rels = Phraser(seed, "records"), random.Random(f"records-questions-{seed}"), relations()
+    by_title = {r.title: r for r in records}
+    out: list[Question] = []
+    for r in records:
+        out += [fact_question(ph, rels, fs[r.key][f.label]) for f in r.kind.fields]
+        for link in (f for f in r.kind.fields if f.kind == "link"):
+            other = by_title[r.values[link.label]]
+            targets = [f.label for f in other.kind.fields if f.kind != "link"]
+            for target in rng.sample(targets, 2):
+                phrase = f"the {link.label} of {r.name}"
+                out.append(bridge_question(ph, rels, fs[r.key][link.label], fs[other.key][target], phrase,
+                                           (f"{r.name} {link.label}", r.name)))
+    for kind in KINDS:   # neighbours of one kind, each pair once, on a year or a number field
+        group = [r for r in records if r.kind is kind]
+        for a, b in zip(group, group[1:]):
+            f = rng.choice([f for f in kind.fields if f.kind in ("year", "number")])
+            va, vb = (int(x.values[f.label].split()[0]) for x in (a, b))
+            if va == vb:
+                continue
+            win = (a if va < vb else b) if f.kind == "year" else (a if va > vb else b)
+            templates = tuple(t.replace("{f}", f.label) for t in COMPARE[f.kind])
+            out.append(comparison_question(ph, rels, fs[a.key][f.label], fs[b.key][f.label],
+                                           fs[win.key][f.label], templates))
+    return out
+
+
+def build_records(out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+                  say: Callable[[str], None] = lambda msg: None) -> dict:
+    """Build the records world into `out` (`size`: how many records; default 360)."""
+    check_holdout(holdout)
+    n = size or DEFAULT_RECORDS
+    if n < MIN_RECORDS:
+        raise InputError(f"the records world needs at least {MIN_RECORDS} records (--size), got {n}")
+    say(f"generating {n} records")
+    records = make_records(n, seed)
+    layout = random.Random(f"records-layout-{seed}")
+    passages, fs = [], {}
+    for r in records:
+        passages.append(passage(r, str(len(passages)), layout.choice(LAYOUTS)))
+        fs[r.key] = facts(r, passages[-1].id)
+    split_of = assign_splits([r.key for r in records], seed, holdout)
+    return build_world(out, SPEC, passages, questions(records, fs, seed), split_of, seed, say)
