@@ -60,7 +60,8 @@ def ship(args: argparse.Namespace) -> Path:
     if not isinstance(trained, dict):
         raise InputError("--trained must hold a JSON object (recipe, card, commit, date, gpu_em)", args.trained)
     spec = student_spec(args.adapter, like.spec, args.name, trained)
-    with atomic_dir(args.out) as tmp:
+    # an existing student folder (student.json) is replaced; any other non-empty folder is refused
+    with atomic_dir(args.out, lambda d: (d / "student.json").is_file(), "a student folder") as tmp:
         (tmp / "adapter").mkdir()
         for f in spec["adapter"]:
             shutil.copyfile(args.adapter / f, tmp / "adapter" / f)

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -66,14 +66,35 @@ def replace_dir(src: str | Path, dst: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def ours(out: Path) -> bool:
+    """A data folder this program wrote: its manifest.json says "produced_by": "dgpo-edge ..."."""
+    try:
+        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and str(manifest.get("produced_by", "")).startswith("dgpo-edge ")
+
+
+def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str = "a folder dgpo-edge wrote") -> None:
+    """Refuse a file, or a non-empty folder that `mine` does not recognise: an --out given by
+    mistake (a home folder, a notes folder) must never be replaced, with everything in it."""
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a directory", out)
+    if out.is_dir() and any(out.iterdir()) and not mine(out):
+        raise InputError(f"exists and is not {what}; refusing to replace it", out)
+
+
 @contextlib.contextmanager
-def atomic_dir(out: str | Path) -> Iterator[Path]:
+def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
+               what: str = "a folder dgpo-edge wrote") -> Iterator[Path]:
     """A temp directory beside `out`, renamed onto it (replace_dir) when the block succeeds.
 
     An existing `out` is replaced only after the new one is complete; on error the temp dir is
-    removed and `out` is left as it was.
+    removed and `out` is left as it was. A non-empty `out` that `mine` does not recognise (by
+    default: no dgpo-edge manifest.json) is refused before anything is written.
     """
     out = Path(out)
+    check_replaceable(out, mine, what)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:

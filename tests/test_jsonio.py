@@ -32,6 +32,30 @@ def test_replace_dir_replaces_an_old_folder_and_leaves_no_trash(tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_atomic_dir_refuses_a_folder_it_did_not_write(tmp_path: Path):
+    """An --out given by mistake keeps every file; a folder with dgpo-edge's manifest is replaced."""
+    mine = _folder(tmp_path / "thesis", "three years of work")
+    with pytest.raises(InputError, match="is not a folder dgpo-edge wrote; refusing to replace it"):
+        with jsonio.atomic_dir(mine) as tmp:
+            (tmp / "corpus.jsonl").write_text("{}")
+    assert [p.name for p in mine.iterdir()] == ["f.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thesis"]        # nothing written beside it either
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="exists and is not a directory"):
+        with jsonio.atomic_dir(tmp_path / "file"):
+            pass
+
+    ours = tmp_path / "world"
+    ours.mkdir()
+    (ours / "manifest.json").write_text('{"kind": "notes", "produced_by": "dgpo-edge 0.1.0"}')
+    with jsonio.atomic_dir(ours) as tmp:
+        (tmp / "corpus.jsonl").write_text("{}")
+    assert [p.name for p in ours.iterdir()] == ["corpus.jsonl"]
+    with jsonio.atomic_dir(mine, lambda d: (d / "f.txt").is_file(), "a folder with f.txt") as tmp:
+        (tmp / "g.txt").write_text("new")                                  # a caller's own test of what it wrote
+    assert [p.name for p in mine.iterdir()] == ["g.txt"]
+
+
 # --- reading JSON lines: bounded lines, a byte-order mark --------------------------------------------
 
 def test_read_jsonl_accepts_a_utf8_byte_order_mark(tmp_path: Path):

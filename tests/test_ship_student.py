@@ -72,6 +72,18 @@ def test_an_adapter_that_does_not_fit_is_refused_with_nothing_written(tmp_path, 
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".student")]   # no half-written folder
 
 
+def test_a_student_folder_is_replaced_and_any_other_folder_refused(tmp_path):
+    adapter = fake_adapter(tmp_path / "adapter", list(range(24)))
+    assert ship(tmp_path, adapter, tmp_path / "student").returncode == 0
+    assert ship(tmp_path, adapter, tmp_path / "student").returncode == 0      # shipped again over itself
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    r = ship(tmp_path, adapter, other)
+    assert r.returncode == 2 and "is not a student folder; refusing to replace it" in r.stderr
+    assert [p.name for p in other.iterdir()] == ["keep.txt"]
+
+
 def test_the_shipped_adapter_gives_back_the_shipped_spec(tmp_path):
     r = ship(tmp_path, SHIPPED / "adapter", tmp_path / "student")
     assert r.returncode == 0, r.stderr

@@ -284,6 +284,37 @@ def test_data_build_bad_input(tmp_path, args, needles):
     assert not out.exists()
 
 
+def test_a_build_replaces_a_world_and_refuses_any_other_folder(tmp_path):
+    """`data build` writes beside --out and renames onto it: a world is rebuilt in place, a folder
+    of someone's files is refused whole (exit 2, nothing written), and a stopped build leaves the
+    old world."""
+    out = tmp_path / "w"
+    assert invoke("data", "build", "records", "--out", out, "--size", 20, "--samples", 0).exit_code == 0
+    first = (out / "manifest.json").read_bytes()
+    (out / "stale.txt").write_text("from an older build")
+    assert invoke("data", "build", "records", "--out", out, "--size", 20, "--seed", 1, "--samples", 0).exit_code == 0
+    assert (out / "manifest.json").read_bytes() != first and not (out / "stale.txt").exists()
+
+    notes = tmp_path / "my-notes"
+    notes.mkdir()
+    (notes / "diary.md").write_text("dear diary")
+    assert_one_line_error(invoke("data", "build", "notes", "--out", notes, "--as-folder"),
+                          str(notes), "refusing to replace it")
+    assert_one_line_error(invoke("data", "factbook", "--out", notes), "refusing to replace it")
+    assert [p.name for p in notes.iterdir()] == ["diary.md"]
+
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(RuntimeError):
+        registry.build("records", out, size=20, say=lambda m: _stop(m))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my-notes", "w"]   # no half-built folder beside it
+
+
+def _stop(message: str) -> None:
+    if message.startswith("writing "):   # after the questions, as the files are written
+        raise RuntimeError("stopped")
+
+
 def test_missing_or_other_version_of_a_package():
     with pytest.raises(InputError, match="needs the 'no-such-world-pkg' package"):
         package_file("no-such-world-pkg", "1.0", "x.db")

@@ -312,6 +312,14 @@ def test_a_mixing_that_fails_leaves_the_old_mixture(mix: Path, worlds: Path, tmp
     assert [p.name for p in tmp_path.iterdir()] == ["notes-out"]            # no partial folder left beside it
 
 
+def test_mixing_into_a_folder_of_other_files_is_refused(worlds: Path, tmp_path: Path):
+    out = tmp_path / "Documents"
+    out.mkdir()
+    (out / "thesis.txt").write_text("precious")
+    assert_one_line_error(invoke(*_mix_args(worlds, out)), str(out), "refusing to replace it")
+    assert [p.name for p in out.iterdir()] == ["thesis.txt"]
+
+
 # ------------------------------------------------------------ training on it
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import atomic_dir as jsonio_atomic_dir
+from dgpo_edge.jsonio import atomic_dir as jsonio_atomic_dir, check_replaceable as jsonio_check_replaceable
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -253,19 +253,19 @@ def prune_layers(model: Any, keep: Sequence[int]) -> Any:
 _MODEL_MARKERS = ("config.json", "genai_config.json")
 
 
+def _is_model(out: Path) -> bool:
+    return any((out / m).is_file() for m in _MODEL_MARKERS)
+
+
 def check_replaceable(out: Path) -> None:
     """Refuse to replace a file, or a non-empty directory that is not a model we wrote."""
-    if out.exists() and not out.is_dir():
-        raise InputError("exists and is not a directory", out)
-    if out.is_dir() and any(out.iterdir()) and not any((out / m).is_file() for m in _MODEL_MARKERS):
-        raise InputError("exists and is not a model directory; refusing to replace it", out)
+    jsonio_check_replaceable(out, _is_model, "a model directory")
 
 
 @contextlib.contextmanager
 def atomic_dir(out: str | Path) -> Iterator[Path]:
     """jsonio.atomic_dir for a model folder: a folder that holds something else is not replaced."""
-    check_replaceable(Path(out))
-    with jsonio_atomic_dir(out) as tmp:
+    with jsonio_atomic_dir(out, _is_model, "a model directory") as tmp:
         yield tmp
 
 

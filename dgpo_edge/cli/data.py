@@ -28,10 +28,10 @@ def factbook(
     form plus hops, type, bridge, evidence), oracle.jsonl (gold trajectories for
     train), stats.json and manifest.json.
     """
-    from ..worlds.factbook.build import build_factbook
+    from ..worlds.registry import build as build_world
 
     with console.status("building FactbookQA") as status:
-        stats = build_factbook(out, seed=seed, holdout=holdout, say=lambda m: status.update(m))
+        stats = build_world("factbook", out, seed=seed, holdout=holdout, say=lambda m: status.update(m))
     _print_stats(stats)
     if samples:
         _print_samples(out, samples)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from .. import jsonio
 from ..errors import InputError
 
 
@@ -80,4 +81,7 @@ def build(name: str, out: str | Path, seed: int = 0, holdout: float = 0.15, size
     kwargs = {"size": size} if w.size else {}
     if w.folder:
         kwargs["as_folder"] = as_folder
-    return builder(out, seed=seed, holdout=holdout, say=say, **kwargs)
+    # built beside `out` and renamed onto it: a stopped build leaves the old world (or none), and
+    # an `out` holding anything but a world or mixture is refused, not replaced
+    with jsonio.atomic_dir(out) as tmp:
+        return builder(tmp, seed=seed, holdout=holdout, say=say, **kwargs)
