@@ -28,8 +28,10 @@
 # MICRO_BATCH: the RL rows' micro-batch. Unset, it is the configs' 32 for a row alone on its card
 # and 16 for rows that share one: a 24-layer row peaked at 53-66 GB at 32 (H200, 2026-11-28), so
 # two on a 140 GB card ran out of memory, where 16 peaked at 37 GB. The micro-batch changes only
-# how a mini-batch's gradient is accumulated, not what it computes. A row that still runs out of GPU
-# memory resumes once from its last checkpoint at half its micro-batch (logged), while time is left.
+# how a mini-batch's gradient is accumulated, not what it computes. An RL row that still runs out of
+# GPU memory resumes once from its last checkpoint at half its micro-batch (logged), while time is
+# left. (The first lane's rows count as sharing only with each other, not with the teacher that
+# trains there first: a row there that meets the teacher's peak is what the resume is for.)
 # START, TAG and STEPS pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
 # to every RL row (e.g. "optim.lr=1e-4"), KD_ARGS to every KD-loss row; LIMIT evaluates only the first N test questions; EVAL_LAST=0
 # skips the last-checkpoint evaluations after the deadline (the runs' reports hold test EM already).
@@ -122,16 +124,18 @@ run_row() {  # GPU METHOD SEED [VARIANT]
   [ "$l" -gt 60 ] || { log "skip $row: $l s left"; return; }
   if [ -n "${4:-}" ]; then read -ra extra <<< "$(printenv "VARIANT_$4")"; tag=${TAG:+$TAG-}$4; fi
   case $2 in kd_*) args=${KD_ARGS:-} ;; *) args=${ROW_ARGS:-} ;; esac   # the two trainers take other keys
-  local micro=${MICRO_BATCH:-$([ "${sharing[$1]}" -gt 1 ] && echo 16 || echo 32)}
+  local micro=${MICRO_BATCH:-$([ "${sharing[$1]}" -gt 1 ] && echo 16 || echo 32)} rl=1 about
   local logfile="out/logs/rl-$2${tag:+-$tag}-s$3.log" status
-  log "gpu $1: $row for up to $l s (micro-batch $micro)"
+  case $2 in kd_*) rl=0 ;; esac   # a KD row's batch is its config's; the micro-batch is the RL rows'
+  about=$([ $rl = 1 ] && echo " (micro-batch $micro)")
+  log "gpu $1: $row for up to $l s$about"
   # shellcheck disable=SC2086 # args is a list of overrides
   TAG=$tag train_row "$1" "$micro" "$l" "$logfile" "$2" "$3" $args "${extra[@]}"
   status=$?
   log "gpu $1: $row ended (status $status)"
   # out of GPU memory (a neighbour's peak can meet this row's): once more from its checkpoint,
   # at half the micro-batch, its first log kept beside the new one
-  if ! ok_or_deadline $status && grep -q "OutOfMemoryError" "$logfile" && [ "$(left)" -gt 120 ] && [ "$micro" -gt 4 ]; then
+  if [ $rl = 1 ] && ! ok_or_deadline $status && grep -q "OutOfMemoryError" "$logfile" && [ "$(left)" -gt 120 ] && [ "$micro" -gt 4 ]; then
     micro=$(( micro / 2 )); l=$(left); mv "$logfile" "${logfile%.log}.oom.log"
     log "gpu $1: $row ran out of GPU memory; resumed from its last checkpoint at micro-batch $micro for up to $l s"
     # shellcheck disable=SC2086

@@ -66,13 +66,18 @@ def replace_dir(src: str | Path, dst: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def ours(out: Path) -> bool:
-    """A data folder this program wrote: its manifest.json says "produced_by": "dgpo-edge ..."."""
+def our_manifest(out: Path) -> dict | None:
+    """The manifest.json of a folder this program wrote ("produced_by": "dgpo-edge ..."), else None."""
     try:
         manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and str(manifest.get("produced_by", "")).startswith("dgpo-edge ")
+        return None
+    ok = isinstance(manifest, dict) and str(manifest.get("produced_by", "")).startswith("dgpo-edge ")
+    return manifest if ok else None
+
+
+def ours(out: Path) -> bool:
+    return our_manifest(out) is not None
 
 
 def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str = "a folder dgpo-edge wrote") -> None:
@@ -93,7 +98,7 @@ def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
     removed and `out` is left as it was. A non-empty `out` that `mine` does not recognise (by
     default: no dgpo-edge manifest.json) is refused before anything is written.
     """
-    out = Path(out)
+    out = Path(out).absolute()   # `--out .` has no name to put a temp folder beside
     check_replaceable(out, mine, what)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))

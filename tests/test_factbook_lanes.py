@@ -37,6 +37,12 @@ def lanes(tmp_path):
     return tmp_path, run
 
 
+def _before_each_row(root: Path, shell: str) -> None:
+    """Run `shell` first in the stand-in's `row` stage (to fail a row, or record its order)."""
+    stub = (root / "bench" / "factbook_rows.sh").read_text()
+    (root / "bench" / "factbook_rows.sh").write_text(stub.replace("  row) ", f"  row) {shell}\n       ", 1))
+
+
 def test_rows_run_on_their_gpus_after_the_teacher_with_their_own_variants(lanes):
     root, run = lanes
     r = run("0=dgpo:0,ppo:1", "1=kd_jsd:0,dgpo:1:b01", VARIANT_b01="teacher.beta=0.01 ppo.clip=0.1",
@@ -61,10 +67,8 @@ def test_rows_run_on_their_gpus_after_the_teacher_with_their_own_variants(lanes)
 
 def test_rows_joined_by_plus_run_one_after_another(lanes):
     root, run = lanes
-    stub = (root / "bench" / "factbook_rows.sh").read_text()
     # each row records its start and end, and lasts long enough for a parallel start to show
-    stub = stub.replace('  row) ', '  row) echo "begin $2" >> out/order.log; sleep 1; echo "end $2" >> out/order.log\n       ', 1)
-    (root / "bench" / "factbook_rows.sh").write_text(stub)
+    _before_each_row(root, 'echo "begin $2" >> out/order.log; sleep 1; echo "end $2" >> out/order.log')
     r = run("0=kd_jsd:0+kd_seqkd:0+kd_reverse_kl:0", REFS="teacher")
     assert r.returncode == 0, r.stderr
     order = (root / "out" / "order.log").read_text().split("\n")
@@ -137,11 +141,8 @@ def test_rows_that_share_a_card_take_micro_batch_16(lanes):
                                             ("ValueError: something else", False)])
 def test_a_row_out_of_gpu_memory_resumes_once_at_half_the_micro_batch(lanes, error, resumed):
     root, run = lanes
-    stub = (root / "bench" / "factbook_rows.sh").read_text()
     # the first try of dgpo 0 fails (out of memory, or another error) before it records anything
-    first_try = f'[ "$2" = dgpo ] && [ ! -f out/tried ] && {{ touch out/tried; echo "{error}"; exit 1; }}'
-    stub = stub.replace("  row) ", "  row) " + first_try + "\n       ", 1)
-    (root / "bench" / "factbook_rows.sh").write_text(stub)
+    _before_each_row(root, f'[ "$2" = dgpo ] && [ ! -f out/tried ] && {{ touch out/tried; echo "{error}"; exit 1; }}')
     r = run("0=dgpo:0,ppo:0", REFS="")
     assert r.returncode == (0 if resumed else 1)
     log = (root / "out" / "logs" / "lanes.log").read_text()
@@ -153,6 +154,17 @@ def test_a_row_out_of_gpu_memory_resumes_once_at_half_the_micro_batch(lanes, err
     else:   # another failure is not tried again
         assert _micro(root) == ["ppo 0 16"]
         assert (root / "out" / "logs" / "lanes.failed").read_text() == "dgpo s0\n"
+
+
+def test_a_kd_row_out_of_gpu_memory_is_not_resumed_at_another_micro_batch(lanes):
+    # the micro-batch is the RL rows' (a KD row's batch is its config's): a KD row that fails fails
+    root, run = lanes
+    _before_each_row(root, '[ "$2" = kd_jsd ] && { echo "torch.OutOfMemoryError: CUDA"; exit 1; }')
+    r = run("0=kd_jsd:0,ppo:0", REFS="")
+    assert r.returncode == 1 and _micro(root) == ["ppo 0 16"]
+    log = (root / "out" / "logs" / "lanes.log").read_text()
+    assert "ran out of GPU memory" not in log
+    assert "(micro-batch" not in next(line for line in log.splitlines() if "gpu 0: kd_jsd s0 for up to" in line)
 
 
 def test_a_failed_last_evaluation_fails_the_command(lanes):

@@ -203,7 +203,7 @@ def test_records_ask_for_fields_no_notes_relation_is_named_like():
     from dgpo_edge.worlds.notes import people, questions
     notes_words = {w.lower() for key, (_, label) in questions.FACT.items() for w in (*key.split("_"), *label.split())}
     notes_words |= {w for key in questions.CHAIN for w in key.split("_")}
-    record_words = {w.strip("'s").lower() for label in records.FIELD_LABELS for w in label.split()}
+    record_words = {w.removesuffix("'s").lower() for label in records.FIELD_LABELS for w in label.split()}
     assert len(records.FIELD_LABELS) == 57
     assert not record_words & notes_words, record_words & notes_words
     assert not set(records.FIRST) & set(people.FIRST)
@@ -275,7 +275,8 @@ def test_data_build_help():
     (["elements", "--as-folder"], ["--as-folder", "elements"]),
     (["notes", "--size", "0"], ["--size"]),
     (["notes", "--size", "500"], ["--size", "people", "6 to 118"]),
-    (["records", "--size", "5"], ["records", "at least 18", "--size"]),
+    (["records", "--size", "5"], ["records", "18 to 5,000", "--size"]),
+    (["records", "--size", "9000"], ["records", "18 to 5,000", "--size"]),
 ])
 def test_data_build_bad_input(tmp_path, args, needles):
     out = tmp_path / "out"
@@ -308,6 +309,23 @@ def test_a_build_replaces_a_world_and_refuses_any_other_folder(tmp_path):
         registry.build("records", out, size=20, say=lambda m: _stop(m))
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my-notes", "w"]   # no half-built folder beside it
+
+
+def test_an_index_folder_is_not_a_world_to_replace(tmp_path, monkeypatch):
+    """An index (or bundle) carries a dgpo-edge manifest too; only worlds and mixtures are replaced.
+    `--out .` builds into the current folder."""
+    world, index = tmp_path / "w", tmp_path / "idx"
+    monkeypatch.chdir(tmp_path)
+    world.mkdir()
+    monkeypatch.chdir(world)
+    assert invoke("data", "build", "records", "--out", ".", "--size", 20, "--samples", 0).exit_code == 0
+    assert (world / "manifest.json").is_file()
+    result = invoke("index", "build", world / "corpus.jsonl", "--kind", "bm25", "--out", index)
+    assert result.exit_code == 0, result.output
+    before = sorted(p.name for p in index.iterdir())
+    assert_one_line_error(invoke("data", "build", "records", "--out", index, "--size", 20),
+                          "is not a world or mixture folder; refusing to replace it")
+    assert sorted(p.name for p in index.iterdir()) == before
 
 
 def _stop(message: str) -> None:

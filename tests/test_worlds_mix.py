@@ -318,6 +318,9 @@ def test_mixing_into_a_folder_of_other_files_is_refused(worlds: Path, tmp_path: 
     (out / "thesis.txt").write_text("precious")
     assert_one_line_error(invoke(*_mix_args(worlds, out)), str(out), "refusing to replace it")
     assert [p.name for p in out.iterdir()] == ["thesis.txt"]
+    empty = tmp_path / "worlds"   # refused before the missing worlds are built, not after
+    assert_one_line_error(invoke(*_mix_args(empty, out)), "refusing to replace it")
+    assert not empty.exists()
 
 
 # ------------------------------------------------------------ training on it

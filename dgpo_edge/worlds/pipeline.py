@@ -127,6 +127,16 @@ def build_world(out: str | Path, spec: WorldSpec, passages: list, candidates: li
     return stats
 
 
+def is_dataset(out: Path) -> bool:
+    """A world or mixture folder dgpo-edge wrote: its manifest lists the corpus and the splits
+    (an index or a bundle carries a dgpo-edge manifest too, and must not be replaced by one)."""
+    files = (jsonio.our_manifest(out) or {}).get("files")
+    return isinstance(files, dict) and {"corpus.jsonl", "train.jsonl"} <= set(files)
+
+
+DATASET = "a world or mixture folder"   # what a refused --out is not, in its error line
+
+
 def row(q: Question, label: str = "entities") -> dict:
     """FlashRAG form plus the world's fields."""
     return {"id": q.id, "question": q.question, "golden_answers": q.answers, "hops": q.hops,

@@ -31,6 +31,7 @@ from .pipeline import WorldSpec, assign_splits, build_world, check_holdout
 SPEC = WorldSpec(kind="records", source="generated", prefix="rec")
 DEFAULT_RECORDS = 360
 MIN_RECORDS = 18   # two of each kind, so every link has somewhere to point
+MAX_RECORDS = 5000   # names come from 20,360 syllable words, and a build takes about 3 per record
 
 # first names not used by the notes world (a test checks it), surnames made from syllables
 FIRST = ("Agnes", "Bertil", "Cosima", "Dorian", "Edda", "Florin", "Gwen", "Horatio", "Imke", "Jasper",
@@ -229,8 +230,8 @@ def build_records(out: str | Path, seed: int = 0, holdout: float = 0.15, size: i
     """Build the records world into `out` (`size`: how many records; default 360)."""
     check_holdout(holdout)
     n = size or DEFAULT_RECORDS
-    if n < MIN_RECORDS:
-        raise InputError(f"the records world needs at least {MIN_RECORDS} records (--size), got {n}")
+    if not MIN_RECORDS <= n <= MAX_RECORDS:
+        raise InputError(f"--size for records counts records: {MIN_RECORDS} to {MAX_RECORDS:,}, got {n}")
     say(f"generating {n} records")
     records = make_records(n, seed)
     layout = random.Random(f"records-layout-{seed}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import jsonio
 from ..errors import InputError
+from .pipeline import DATASET, is_dataset
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ WORLDS = {w.name: w for w in (
           "generated Markdown notes of 100 people: 258 passages, 1,177 questions", size="people, 6 to 118", folder=True),
     World("records", "dgpo_edge.worlds.records:build_records", "", "",
           "generated records of 360 clubs, ships, museums, bands and more, 57 field names: 360 passages, "
-          "3,370 questions", size="records, at least 18"),
+          "3,370 questions", size="records, 18 to 5,000"),
 )}
 
 
@@ -83,5 +84,5 @@ def build(name: str, out: str | Path, seed: int = 0, holdout: float = 0.15, size
         kwargs["as_folder"] = as_folder
     # built beside `out` and renamed onto it: a stopped build leaves the old world (or none), and
     # an `out` holding anything but a world or mixture is refused, not replaced
-    with jsonio.atomic_dir(out) as tmp:
+    with jsonio.atomic_dir(out, is_dataset, DATASET) as tmp:
         return builder(tmp, seed=seed, holdout=holdout, say=say, **kwargs)
