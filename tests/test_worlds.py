@@ -209,6 +209,22 @@ def test_records_ask_for_fields_no_notes_relation_is_named_like():
     assert not set(records.FIRST) & set(people.FIRST)
 
 
+def test_records_links_agree_with_each_other():
+    from dgpo_edge.worlds import records
+    rs = records.make_records(200, seed=3)
+    by_title = {r.title: r for r in rs}
+    for r in rs:
+        for label in set(records.SYMMETRIC) & set(r.values):
+            other = by_title[r.values[label]]
+            assert other is not r and other.kind is r.kind
+        for label, inverted in records.INVERSE.items():
+            if label in r.values and any(o.values.get(inverted) == r.title for o in rs):
+                assert by_title[r.values[label]].values[inverted] == r.title   # one of its own bands/shops
+    pairs = [(r.title, r.values["sister ship"]) for r in rs if "sister ship" in r.values]
+    mutual = sum(by_title[b].values["sister ship"] == a for a, b in pairs)
+    assert mutual >= len(pairs) - 1                     # all but an odd one out name each other
+
+
 def test_records_chains_follow_a_link_to_the_linked_record(tmp_path):
     registry.build("records", tmp_path, size=36)
     rows = [q for s in SPLITS for q in _jsonl(tmp_path / f"{s}.jsonl")]

@@ -54,8 +54,9 @@ def bridge_question(ph: Phraser, rels: dict[str, Relation], via: Fact, target: F
     s2 = Step(f"{phrase[0].upper() + phrase[1:]} is {target.name}. Now I need the {rel.label} of "
               f"{target.name}.", about(target.name, rel), target.pid)
     ents = entities or tuple(dict.fromkeys((via.entity, target.entity)))
-    # "{x} currency" reads as a keyword search for a name, not for "the country where Gujrat is".
-    templates = tuple(t for t in rel.templates if not t.startswith("{x}")) or rel.templates
+    # "{x} currency" reads as a keyword search for a name, not for "the country where Gujrat is", and
+    # "{x}'s" would hang a possessive on the whole phrase ("the sister ship of the Velmor's skipper").
+    templates = tuple(t for t in rel.templates if not t.startswith("{x}") and "{x}'s" not in t) or rel.templates
     return Question(ph.ask(templates, protect=(phrase,), x=phrase), list(target.answers), 2, kind,
                     target.relation, ents, [via.pid, target.pid], [s1, s2],
                     f"The information says the {rel.label} of {target.name} is {target.answers[0]}.",

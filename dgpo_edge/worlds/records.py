@@ -104,6 +104,8 @@ KINDS = (
         Field("signature plant", "pool", "signature plant"), Field("twin garden", "link", "garden"))),
 )
 BY_NAME = {k.name: k for k in KINDS}
+SYMMETRIC = ("rival club", "sister ship", "partner museum", "twin garden")   # a link to a record of its own kind
+INVERSE = {"biggest act": "record label", "main buyer": "supplier"}        # field -> the link it inverts
 FIELD_LABELS = tuple(dict.fromkeys(f.label for k in KINDS for f in k.fields))
 COMPARE = {"year": ("Which is older, {a} or {b}?", "{a} or {b}: which came first",
                     "was {a} or {b} there earlier"),
@@ -154,8 +156,34 @@ def make_records(n: int, seed: int) -> list[Record]:
         records.append(Record(f"{kind.name}:{word.lower()}", kind, rng.choice(kind.patterns).format(n=word), {}))
     for r in records:
         for f in r.kind.fields:
-            r.values[f.label] = _value(f, r, records, rng, towns, people)
+            if f.label not in SYMMETRIC and f.label not in INVERSE:
+                r.values[f.label] = _value(f, r, records, rng, towns, people)
+    _pair(records, rng)
+    _invert(records, rng)
     return records
+
+
+def _pair(records: list[Record], rng: random.Random) -> None:
+    """Symmetric links come in pairs: two sister ships name each other (an odd one out names any other)."""
+    for label in SYMMETRIC:
+        group = [r for r in records if any(f.label == label for f in r.kind.fields)]
+        rng.shuffle(group)
+        for a, b in zip(group[::2], group[1::2]):
+            a.values[label], b.values[label] = b.title, a.title
+        if len(group) % 2:
+            last = group[-1]
+            last.values[label] = rng.choice([r for r in group if r is not last]).title
+
+
+def _invert(records: list[Record], rng: random.Random) -> None:
+    """An inverse link agrees with the link it inverts: a label's biggest act is one of its bands,
+    a workshop's main buyer one of the shops it supplies, when there is one."""
+    for r in records:
+        for f in r.kind.fields:
+            if f.label in INVERSE:
+                others = [o for o in records if o.kind.name == f.arg]
+                theirs = [o for o in others if o.values.get(INVERSE[f.label]) == r.title]
+                r.values[f.label] = rng.choice(theirs or others).title
 
 
 def _value(f: Field, r: Record, records: list[Record], rng: random.Random, towns: list[str], people: list[str]) -> str:
