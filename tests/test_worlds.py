@@ -320,6 +320,9 @@ def test_a_build_replaces_a_world_and_refuses_any_other_folder(tmp_path):
     assert_one_line_error(invoke("data", "factbook", "--out", notes), "refusing to replace it")
     assert [p.name for p in notes.iterdir()] == ["diary.md"]
 
+    said: list[str] = []
+    registry.build("records", out, size=20, say=said.append)
+    assert f"writing {out}" in said                      # the folder given, not the temp one
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(RuntimeError):
         registry.build("records", out, size=20, say=lambda m: _stop(m))

@@ -85,4 +85,5 @@ def build(name: str, out: str | Path, seed: int = 0, holdout: float = 0.15, size
     # built beside `out` and renamed onto it: a stopped build leaves the old world (or none), and
     # an `out` holding anything but a world or mixture is refused, not replaced
     with jsonio.atomic_dir(out, is_dataset, DATASET) as tmp:
-        return builder(tmp, seed=seed, holdout=holdout, say=say, **kwargs)
+        # progress names the folder the user gave, not the temp one beside it
+        return builder(tmp, seed=seed, holdout=holdout, say=lambda m: say(m.replace(str(tmp), str(out))), **kwargs)
