@@ -93,9 +93,7 @@ def test_a_failed_row_stops_its_chain_and_the_command_fails(lanes):
     # the RL'd teacher failed: the DGPO row that needs it does not start; another lane goes on;
     # a row stopped by the deadline (124) is not a failure and does not stop its chain
     root, run = lanes
-    stub = (root / "bench" / "factbook_rows.sh").read_text()
-    stub = stub.replace("  row) ", '  row) [ "$2" = teacher_ppo ] && exit 1; [ "$2" = grpo ] && exit 124\n       ', 1)
-    (root / "bench" / "factbook_rows.sh").write_text(stub)
+    _before_each_row(root, '[ "$2" = teacher_ppo ] && exit 1; [ "$2" = grpo ] && exit 124')
     r = run("0=teacher_ppo:0+dgpo:0:rlt", "1=grpo:0+ppo:0", REFS="", VARIANT_rlt="teacher.path=elsewhere")
     assert r.returncode == 1
     rows = [c.split(" |")[0] for c in (root / "out" / "calls.log").read_text().splitlines() if c.startswith("row ")]

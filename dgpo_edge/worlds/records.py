@@ -103,8 +103,7 @@ KINDS = (
         P("head gardener"), T("garden town"), Y("year founded"), Field("glasshouses", "number"),
         Field("signature plant", "pool", "signature plant"), Field("twin garden", "link", "garden"))),
 )
-BY_NAME = {k.name: k for k in KINDS}
-SYMMETRIC = ("rival club", "sister ship", "partner museum", "twin garden")   # a link to a record of its own kind
+SYMMETRIC = tuple(f.label for k in KINDS for f in k.fields if f.kind == "link" and f.arg == k.name)  # own kind
 INVERSE = {"biggest act": "record label", "main buyer": "supplier"}        # field -> the link it inverts
 FIELD_LABELS = tuple(dict.fromkeys(f.label for k in KINDS for f in k.fields))
 COMPARE = {"year": ("Which is older, {a} or {b}?", "{a} or {b}: which came first",
@@ -154,39 +153,45 @@ def make_records(n: int, seed: int) -> list[Record]:
         kind = KINDS[i % len(KINDS)]
         word = _word(rng, used)
         records.append(Record(f"{kind.name}:{word.lower()}", kind, rng.choice(kind.patterns).format(n=word), {}))
+    by_kind = {k.name: [r for r in records if r.kind is k] for k in KINDS}
     for r in records:
         for f in r.kind.fields:
             if f.label not in SYMMETRIC and f.label not in INVERSE:
-                r.values[f.label] = _value(f, r, records, rng, towns, people)
-    _pair(records, rng)
-    _invert(records, rng)
+                r.values[f.label] = _value(f, r, by_kind, rng, towns, people)
+    _pair(by_kind, rng)
+    _invert(records, by_kind, rng)
     return records
 
 
-def _pair(records: list[Record], rng: random.Random) -> None:
+def _pair(by_kind: dict[str, list[Record]], rng: random.Random) -> None:
     """Symmetric links come in pairs: two sister ships name each other (an odd one out names any other)."""
-    for label in SYMMETRIC:
-        group = [r for r in records if any(f.label == label for f in r.kind.fields)]
-        rng.shuffle(group)
-        for a, b in zip(group[::2], group[1::2]):
-            a.values[label], b.values[label] = b.title, a.title
-        if len(group) % 2:
-            last = group[-1]
-            last.values[label] = rng.choice([r for r in group if r is not last]).title
+    for k in KINDS:
+        for label in (f.label for f in k.fields if f.label in SYMMETRIC):
+            _pair_up(list(by_kind[k.name]), label, rng)
 
 
-def _invert(records: list[Record], rng: random.Random) -> None:
+def _pair_up(group: list[Record], label: str, rng: random.Random) -> None:
+    rng.shuffle(group)
+    for a, b in zip(group[::2], group[1::2]):
+        a.values[label], b.values[label] = b.title, a.title
+    if len(group) % 2:
+        last = group[-1]
+        last.values[label] = rng.choice([r for r in group if r is not last]).title
+
+
+def _invert(records: list[Record], by_kind: dict[str, list[Record]], rng: random.Random) -> None:
     """An inverse link agrees with the link it inverts: a label's biggest act is one of its bands,
     a workshop's main buyer one of the shops it supplies, when there is one."""
     for r in records:
         for f in r.kind.fields:
             if f.label in INVERSE:
-                others = [o for o in records if o.kind.name == f.arg]
+                others = by_kind[f.arg]
                 theirs = [o for o in others if o.values.get(INVERSE[f.label]) == r.title]
                 r.values[f.label] = rng.choice(theirs or others).title
 
 
-def _value(f: Field, r: Record, records: list[Record], rng: random.Random, towns: list[str], people: list[str]) -> str:
+def _value(f: Field, r: Record, by_kind: dict[str, list[Record]], rng: random.Random, towns: list[str],
+           people: list[str]) -> str:
     if f.kind == "person":
         return rng.choice(people)
     if f.kind == "town":
@@ -203,8 +208,7 @@ def _value(f: Field, r: Record, records: list[Record], rng: random.Random, towns
         return f"{rng.randrange(3, 120)} euros"
     if f.kind == "callsign":
         return f"{rng.choice('BDFKMRTVXZ')}{rng.choice('AEHLNQSUWY')}-{rng.randrange(1000, 9999)}"
-    others = [o for o in records if o.kind.name == f.arg and o is not r]
-    return rng.choice(others).title
+    return rng.choice([o for o in by_kind[f.arg] if o is not r]).title
 
 
 LAYOUTS = ("{F}: {v}.", "Its {f} is {v}.", "{f} - {v};")   # a record is written in one of them
