@@ -31,7 +31,7 @@ from ..metrics import normalize_answer
 from ..protocol import Passage
 from ..transcript import Transcript
 from . import registry
-from .pipeline import DATASET, FILES, SPLITS, is_dataset
+from .pipeline import FILES, SPLITS, atomic_dir, check_replaceable
 
 TOP_K = 3  # the oracle's top-k (worlds.oracle), which training's dev rollouts use too
 
@@ -277,7 +277,7 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
     stopped half way leaves the old mixture (or none), never new files under an old manifest."""
     out, worlds_dir = Path(out), Path(worlds_dir)
     check_arguments(weights, held_out, seed, train_size, eval_size)
-    jsonio.check_replaceable(out, is_dataset, DATASET)   # before any world is built or any file written
+    check_replaceable(out)   # before any world is built or any file written
     names = sorted(weights)
     manifests = {n: ensure_world(n, worlds_dir / n, seed, say) for n in names}
     held_manifest = ensure_world(held_out, worlds_dir / held_out, seed, say) if held_out else None
@@ -298,7 +298,7 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
 
     say(f"writing {out}")
     stats = _stats(seed, weights, share, held_out, worlds, corpus, rows, oracle, tried, dropped)
-    with jsonio.atomic_dir(out, is_dataset, DATASET) as tmp:
+    with atomic_dir(out) as tmp:
         jsonio.write_jsonl(tmp / "corpus.jsonl", corpus)
         for split in SPLITS:
             jsonio.write_jsonl(tmp / f"{split}.jsonl", rows[split])

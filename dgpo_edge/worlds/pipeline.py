@@ -10,6 +10,7 @@ involves appears in any train question.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -134,7 +135,14 @@ def is_dataset(out: Path) -> bool:
     return isinstance(files, dict) and {"corpus.jsonl", "train.jsonl"} <= set(files)
 
 
-DATASET = "a world or mixture folder"   # what a refused --out is not, in its error line
+def check_replaceable(out: Path) -> None:
+    """Refuse a file or a non-empty folder that is not a world or mixture (jsonio.check_replaceable)."""
+    jsonio.check_replaceable(out, is_dataset, "a world or mixture folder")
+
+
+def atomic_dir(out: str | Path) -> contextlib.AbstractContextManager[Path]:
+    """jsonio.atomic_dir for a world or mixture folder: a folder that holds something else is not replaced."""
+    return jsonio.atomic_dir(out, is_dataset, "a world or mixture folder")
 
 
 def row(q: Question, label: str = "entities") -> dict:

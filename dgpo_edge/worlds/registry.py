@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from .. import jsonio
 from ..errors import InputError
-from .pipeline import DATASET, is_dataset
+from .pipeline import atomic_dir
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,6 @@ def build(name: str, out: str | Path, seed: int = 0, holdout: float = 0.15, size
         kwargs["as_folder"] = as_folder
     # built beside `out` and renamed onto it: a stopped build leaves the old world (or none), and
     # an `out` holding anything but a world or mixture is refused, not replaced
-    with jsonio.atomic_dir(out, is_dataset, DATASET) as tmp:
+    with atomic_dir(out) as tmp:
         # progress names the folder the user gave, not the temp one beside it
         return builder(tmp, seed=seed, holdout=holdout, say=lambda m: say(m.replace(str(tmp), str(out))), **kwargs)
