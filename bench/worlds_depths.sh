@@ -23,7 +23,7 @@ results=${RESULTS:-out/results/worlds.json}
 py=${PYTHON:-python3}
 out=${WORK_DIR:-out}
 mkdir -p "$out/logs" "$(dirname "$results")"
-teacher=$out/runs/worlds-teacher-sft-all
+teacher=$out/runs/worlds-teacher-sft-all${MIX_TAG:+-$MIX_TAG}   # worlds_loo.sh names it so
 STUDENT_LAYERS=${depths[0]} bash bench/worlds_loo.sh none > "$out/logs/worlds-depth-${depths[0]}.log" 2>&1 &
 first=$!
 for d in "${depths[@]:1}"; do

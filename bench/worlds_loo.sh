@@ -19,7 +19,9 @@
 # is refused: seed 1 is notes-s1, the unseen notes every model is scored on.
 # DGPO_MINUTES (10; 0: no DGPO), WORK_DIR (out; not OUT, which the GPU machine sets for returned files),
 # WORLDS_DIR ($WORK_DIR/worlds), RESULTS
-# (bench/results/worlds.json), MIX_ARGS (more `data mix` options), SFT_ARGS / KD_ARGS / DGPO_ARGS
+# (bench/results/worlds.json), MIX_ARGS (more `data mix` options), MIX_TAG (appended to the mixture's name and so to
+# its runs' and rows': MIX_TAG=records mixes notes-out-records, an experiment beside notes-out in one WORK_DIR),
+# SFT_ARGS / KD_ARGS / DGPO_ARGS
 # (more key=value overrides), EVAL_LIMIT (first N test questions), PACK (1: the DGPO student as a Q8_0
 # GGUF in 15 MiB pieces under out/pack, and the KD adapter copied there, so they can leave a lease:
 # bench/factbook_rows.sh pack/unpack), PREP_STUDENT (1: convert and prune
@@ -49,6 +51,7 @@ if [[ " ${weights[*]} " == *" notes@1="* ]]; then
   echo "error: WEIGHTS has notes@1, but seed 1 is notes-s1, the notes no model may train on" >&2; exit 2
 fi
 log() { echo "[$(date +%H:%M:%S)] $*"; }
+[[ ${MIX_TAG:-x} =~ ^[a-z0-9_]+$ ]] || { echo "error: MIX_TAG '$MIX_TAG': letters, digits and _ only" >&2; exit 2; }
 
 layers=${STUDENT_LAYERS:-15}
 student=$out/models/smollm2-135m-${layers}l
@@ -74,9 +77,38 @@ evaluate() {  # NAME@MIXTURE=DIR: the mixture's dev EM (MIX_DEV=1), then test EM
   done
 }
 
+# A mixture's runs and evaluation rows are named after it, and a rerun skips what is done. A mixture
+# folder that is gone (removed because it was mixed from other WEIGHTS, say) while its runs or rows
+# stay would have them reused as if trained on the new one: refuse that.
+leftovers() {  # MIXTURE: the runs and evaluation files named after this mixture, one a line
+  local d f
+  for d in "$out"/runs/worlds-*; do
+    [[ $(basename "$d") =~ ^worlds-(teacher-sft|kd|dgpo)-$1(-[0-9]+l)?$ ]] && echo "$d"
+  done
+  for f in "$out"/worlds-eval/*.jsonl; do
+    [ -f "$f" ] && grep -q "^{\"method\": \"[^\"]*@$1\"" "$f" && echo "$f"
+  done
+  return 0
+}
+
+mixture_of() {  # HELD_OUT: the mixture's name (none: all)
+  if [[ $1 == none ]]; then echo "all${MIX_TAG:+-$MIX_TAG}"; else echo "$1-out${MIX_TAG:+-$MIX_TAG}"; fi
+}
+for h in "${held[@]}"; do   # before any lane starts
+  mixture=$(mixture_of "$h")
+  stale=$([ -f "$out/worlds-mix/$mixture/manifest.json" ] || leftovers "$mixture")
+  if [ -n "$stale" ]; then
+    echo "error: $out/worlds-mix/$mixture has no mixture, but runs or rows of one named $mixture are left" \
+      "(made from another build of it?): remove them too, or give this experiment its own MIX_TAG or" \
+      "WORK_DIR:" $stale >&2
+    exit 2
+  fi
+done
+
 lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD and teacher evaluations
-  local h=$1 mixture=$1-out hold=(--hold-out "$1")
-  if [[ $h == none ]]; then mixture=all hold=(); fi
+  local h=$1 mixture hold=(--hold-out "$1")
+  mixture=$(mixture_of "$h")
+  if [[ $h == none ]]; then hold=(); fi
   local mix=$out/worlds-mix/$mixture
   local teacher=$out/runs/worlds-teacher-sft-$mixture kd=$out/runs/worlds-kd-$mixture$tag dgpo=$out/runs/worlds-dgpo-$mixture$tag
   local args=() data=(data.train="$mix/oracle.jsonl" data.dev="$mix/dev.jsonl" data.retriever="$mix/corpus.jsonl")

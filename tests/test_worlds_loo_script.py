@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -32,11 +33,15 @@ def work(tmp_path):
     return tmp_path
 
 
-def lane(work: Path, **env: str) -> list[str]:
+def run_lane(work: Path, **env: str) -> subprocess.CompletedProcess:
     environ = {**os.environ, "PYTHON": str(work / "python"), "WORK_DIR": str(work / "out"), "WEIGHTS": WEIGHTS,
                "DGPO_MINUTES": "0", "PREP_STUDENT": "0", "COMMIT": "abc1234", "GPUS": "", **env}
-    subprocess.run(["bash", str(ROOT / "bench" / "worlds_loo.sh"), "none"], check=True, env=environ, cwd=ROOT,
-                   capture_output=True, timeout=60)
+    return subprocess.run(["bash", str(ROOT / "bench" / "worlds_loo.sh"), "none"], env=environ, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def lane(work: Path, **env: str) -> list[str]:
+    run_lane(work, **env).check_returncode()
     calls = (work / "calls.log").read_text().splitlines()
     (work / "calls.log").unlink()
     return calls
@@ -90,9 +95,52 @@ def test_worlds_depths_defaults_to_the_shipped_mixture(work):
     environ = {**os.environ, "PYTHON": str(work / "python"), "WORK_DIR": str(work / "out"), "PREP_STUDENT": "0",
                "COMMIT": "abc1234", "GPUS": "", "RESULTS": str(work / "worlds.json")}
     environ.pop("WEIGHTS", None)
-    (work / "out" / "worlds-mix" / "all" / "manifest.json").unlink()   # so the lane mixes
+    (work / "out" / "worlds-mix" / "all" / "manifest.json").unlink()   # so the lane mixes (and trains:
+    shutil.rmtree(work / "out" / "runs")                                # runs of a mixture that is gone are refused)
     subprocess.run(["bash", str(ROOT / "bench" / "worlds_depths.sh"), "15"], check=True, env=environ,
                    cwd=ROOT, capture_output=True, timeout=60)
     shipped = (ROOT / "bench" / "worlds_weights.sh").read_text().split('SHIPPED_WEIGHTS="')[1].split('"')[0].split()
     mix = next(c for c in (work / "calls.log").read_text().splitlines() if " data mix " in c)
     assert [a for a in mix.split() if "=" in a and not a.startswith("-")] == shipped
+
+
+def test_mix_tag_gives_an_experiment_its_own_mixture_runs_and_rows(work):
+    """MIX_TAG=records beside the finished `all`: its own mixture folder, teacher, KD run and row names."""
+    calls = lane(work, MIX_TAG="records")
+    mix = next(c for c in calls if " data mix " in c)
+    assert mix.endswith(f"--out {work / 'out' / 'worlds-mix' / 'all-records'} --keep")
+    trained = [c for c in calls if " train " in c]
+    assert [c.split()[3] for c in trained] == ["sft", "kd"]
+    assert f"run.out_dir={work / 'out' / 'runs' / 'worlds-teacher-sft-all-records'}" in trained[0]
+    assert f"run.out_dir={work / 'out' / 'runs' / 'worlds-kd-all-records'}" in trained[1]
+    assert {name for name, _, _ in evaluations(calls)} == {"kd@all-records", "teacher@all-records"}
+
+
+def test_runs_of_a_mixture_that_is_gone_are_refused_before_anything_runs(work):
+    """The mixture removed (say, to mix it from other WEIGHTS) while its runs stay: they would be
+    skipped as done and scored as if trained on the new mixture."""
+    (work / "out" / "worlds-mix" / "all" / "manifest.json").unlink()
+    done = run_lane(work)
+    assert done.returncode == 2
+    assert "worlds-teacher-sft-all" in done.stderr and "worlds-kd-all-30l" in done.stderr
+    assert "MIX_TAG" in done.stderr
+    assert not (work / "calls.log").exists()   # nothing mixed, trained or scored
+
+
+def test_rows_of_a_mixture_that_is_gone_are_refused_too(work):
+    """Its runs removed as well, but its evaluation rows left: a rerun would skip those evaluations."""
+    out = work / "out"
+    (out / "worlds-mix" / "all" / "manifest.json").unlink()
+    shutil.rmtree(out / "runs")
+    (out / "worlds-eval").mkdir()
+    rows = out / "worlds-eval" / "notes.jsonl"
+    rows.write_text('{"method": "kd@all-records", "split": "test"}\n')   # another mixture's row: no matter
+    assert run_lane(work).returncode == 0
+    rows.write_text('{"method": "kd-30l@all", "split": "test"}\n')
+    done = run_lane(work)
+    assert done.returncode == 2 and str(rows) in done.stderr
+
+
+def test_a_mix_tag_with_other_characters_is_refused(work):
+    done = run_lane(work, MIX_TAG="a b")
+    assert done.returncode == 2 and "MIX_TAG" in done.stderr
