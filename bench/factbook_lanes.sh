@@ -11,7 +11,10 @@
 # one). Rows joined by + run one after another instead (kd_jsd:0+kd_reverse_kl:0: rows too large
 # to share a card with each other). A VARIANT names overrides given in the environment, VARIANT_<name>, for that row alone, and
 # tags its run (bench/factbook_rows.sh's TAG): with VARIANT_b01="teacher.beta=0.01", dgpo:0:b01
-# trains out/runs/rl-dgpo-b01-s0. MINUTES counts from now; every row is stopped then (each resumes from its last checkpoint
+# trains out/runs/rl-dgpo-b01-s0. A row whose variant sets teacher.path=out/runs/RUN/checkpoints/... where
+# RUN is another row's run here waits until that run has finished (or skips, if it failed), so DGPO
+# on another GPU can learn from the teacher PPO trains: "0=teacher_ppo:0:t100+dgpo:0:rlt" "1=dgpo:1:rlt".
+# MINUTES counts from now; every row is stopped then (each resumes from its last checkpoint
 # if the command is run again on the same machine), and every run with a checkpoint is evaluated
 # on the test split, the runs shared out over the lanes' GPUs: out/eval/lanes-test.jsonl.
 # On a lent machine held for at most 30 minutes, MINUTES must also leave out what the lease had
@@ -61,6 +64,16 @@ seen=" "
 chain_re="$spec_re(\\+$spec_re)*"
 chains=()   # "GPU SPEC[+SPEC...]", every row checked before anything runs
 declare -A sharing   # GPU -> how many chains run on it at once
+declare -A made_by   # run folder (out/runs/NAME) -> the row here that trains it, as logs and lanes.failed name it
+run_of() {  # METHOD SEED [VARIANT]: the run folder bench/factbook_rows.sh trains for that row
+  local tag=${TAG:-} lora=
+  [ -z "${3:-}" ] || tag=${TAG:+$TAG-}$3
+  case $1 in
+    kd_*) echo "kd-${1#kd_}${tag:+-$tag}-s$2" ;;
+    *) if [ "${START:-merged}" = adapter ] && [ "$1" != teacher_ppo ]; then lora=-lora; fi
+       echo "rl-$1$lora${tag:+-$tag}-s$2" ;;
+  esac
+}
 for lane in "$@"; do
   [[ $lane =~ ^[0-9]+=$chain_re(,$chain_re)*$ ]] || { echo "error: bad lane '$lane' (GPU=METHOD:SEED[:VARIANT][+...],...)" >&2; exit 2; }
   gpus+=("${lane%%=*}")
@@ -73,6 +86,7 @@ for lane in "$@"; do
     [[ $methods == *" $method "* ]] || { echo "error: lane '$lane': unknown method $method (one of:$methods)" >&2; exit 2; }
     [[ $seen != *" $spec "* ]] || { echo "error: row $spec is given twice (both would train one run folder)" >&2; exit 2; }
     seen+="$spec "
+    made_by[$(run_of "$method" "$seed" "$variant")]="$method${variant:+-$variant} s$seed"
     [ -z "$variant" ] || [ -n "$(printenv "VARIANT_$variant")" ] \
       || { echo "error: lane '$lane': row $spec needs its overrides in VARIANT_$variant" >&2; exit 2; }
   done
@@ -112,6 +126,18 @@ wait_for_teacher() {  # 0 once the teacher is trained; 1 if it failed or the dea
   [ "$(cat $teacher_state)" = ok ] || { log "teacher failed (out/logs/lanes-teacher.log)"; return 1; }
 }
 
+# A variant's teacher.path=out/runs/RUN/checkpoints/... may name the run of a row on another lane (DGPO
+# on GPU 1 from the PPO teacher that GPU 0 trains): the row waits until that run has finished, since
+# its checkpoints/best exists from the run's first evaluation on and changes until the end.
+wait_for_run() {  # RUN: 0 once it has finished, at once when no row here trains it; 1 if it failed or time is short
+  local by=${made_by[$1]:-}
+  [ -n "$by" ] || return 0
+  until [ -f "out/runs/$1/summary.json" ]; do
+    if grep -qxF "$by" $failed 2>/dev/null || [ "$(left)" -le 60 ]; then return 1; fi
+    sleep 5
+  done
+}
+
 train_row() {  # GPU MICRO_BATCH SECONDS LOG METHOD SEED [k=v...]: one row's trainer (TAG from the caller)
   local gpu=$1 micro=$2 seconds=$3 logfile=$4; shift 4
   # TERM at the deadline, KILL 30 s later for a row that does not stop (stuck in CUDA, say)
@@ -120,9 +146,14 @@ train_row() {  # GPU MICRO_BATCH SECONDS LOG METHOD SEED [k=v...]: one row's tra
 run_row() {  # GPU METHOD SEED [VARIANT]
   local row="$2${4:+-$4} s$3" extra=() tag=${TAG:-} l args
   case $2 in ppo|grpo) ;; *) wait_for_teacher || { log "skip $row: no teacher"; return; } ;; esac
+  if [ -n "${4:-}" ]; then read -ra extra <<< "$(printenv "VARIANT_$4")"; tag=${TAG:+$TAG-}$4; fi
+  local arg
+  for arg in "${extra[@]}"; do
+    [[ $arg =~ ^teacher\.path=(.*/)?runs/([^/]+)/checkpoints/ ]] || continue
+    wait_for_run "${BASH_REMATCH[2]}" || { log "skip $row: its teacher ${BASH_REMATCH[2]} did not finish"; return; }
+  done
   l=$(left)
   [ "$l" -gt 60 ] || { log "skip $row: $l s left"; return; }
-  if [ -n "${4:-}" ]; then read -ra extra <<< "$(printenv "VARIANT_$4")"; tag=${TAG:+$TAG-}$4; fi
   case $2 in kd_*) args=${KD_ARGS:-} ;; *) args=${ROW_ARGS:-} ;; esac   # the two trainers take other keys
   local micro=${MICRO_BATCH:-$([ "${sharing[$1]}" -gt 1 ] && echo 16 || echo 32)} rl=1 about
   local logfile="out/logs/rl-$2${tag:+-$tag}-s$3.log" status

@@ -18,7 +18,7 @@ echo "$* | gpu=${CUDA_VISIBLE_DEVICES:-} tag=${TAG:-}" >> out/calls.log
 case $1 in
   row) echo "$2 $3 ${MICRO_BATCH:-}" >> out/micro.log
        case $2 in kd_*) d=out/runs/kd-${2#kd_}${TAG:+-$TAG}-s$3 ;; *) d=out/runs/rl-$2${TAG:+-$TAG}-s$3 ;; esac
-       mkdir -p "$d" && echo '{}' > "$d/report.jsonl" ;;
+       mkdir -p "$d" && echo '{}' > "$d/report.jsonl" && echo '{}' > "$d/summary.json" ;;
   reports) echo "reports of $3 $4 $5" ;;
 esac
 """
@@ -87,6 +87,29 @@ def test_ppo_on_the_teacher_then_dgpo_from_it(lanes):
     calls = [c for c in (root / "out" / "calls.log").read_text().splitlines() if not c.startswith("reports")]
     assert calls == ["start | gpu= tag=", "teacher | gpu=0 tag=", "row teacher_ppo 0 | gpu=0 tag=",
                      "row dgpo 0 teacher.path=out/runs/rl-teacher_ppo-s0/checkpoints/best | gpu=0 tag=rlt"]
+
+
+def test_dgpo_on_another_gpu_waits_until_the_ppo_teacher_has_finished(lanes):
+    # GPU 1's DGPO row names the run GPU 0 trains as its teacher: it starts once that run has ended
+    root, run = lanes
+    _before_each_row(root, '[ "$2" = teacher_ppo ] && sleep 3; [ "$2" = dgpo ] && { [ -f out/runs/rl-teacher_ppo-s0/summary.json ]'
+                           ' && echo "dgpo $3 after the teacher" || echo "dgpo $3 before the teacher"; } >> out/order.log')
+    r = run("0=teacher_ppo:0+dgpo:0:rlt", "1=dgpo:1:rlt", REFS="",
+            VARIANT_rlt="teacher.path=out/runs/rl-teacher_ppo-s0/checkpoints/best")
+    assert r.returncode == 0, r.stderr
+    assert sorted((root / "out" / "order.log").read_text().splitlines()) == [
+        "dgpo 0 after the teacher", "dgpo 1 after the teacher"]
+
+
+def test_a_row_whose_teacher_run_failed_is_skipped_without_waiting(lanes):
+    root, run = lanes
+    _before_each_row(root, '[ "$2" = teacher_ppo ] && exit 1')
+    r = run("0=teacher_ppo:0", "1=dgpo:1:rlt", REFS="",
+            VARIANT_rlt="teacher.path=out/runs/rl-teacher_ppo-s0/checkpoints/best")
+    assert r.returncode == 1
+    log = (root / "out" / "logs" / "lanes.log").read_text()
+    assert "skip dgpo-rlt s1: its teacher rl-teacher_ppo-s0 did not finish" in log
+    assert not any(c.startswith("row dgpo") for c in (root / "out" / "calls.log").read_text().splitlines())
 
 
 def test_a_failed_row_stops_its_chain_and_the_command_fails(lanes):
