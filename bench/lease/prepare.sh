@@ -24,7 +24,8 @@
 # The machine's copy has no git: give the work COMMIT=$(git rev-parse --short HEAD) from here, which
 # bench/provenance.py and bench/worlds_loo.sh record in their results.
 # Later calls carry nothing more (what a call copied stays on the machine while it is held); see
-# bench/lease/watch.sh for the calls that wait and bring results back.
+# bench/lease/watch.sh for the calls that wait and bring results back, and bench/lease/bring.sh for
+# the calls that bring back a student packed in pieces.
 set -euo pipefail
 tok=${1:?usage: bench/lease/prepare.sh QWEN_TOKENIZER_DIR}
 [ -f "$tok/tokenizer.json" ] || { echo "error: $tok has no tokenizer.json" >&2; exit 2; }

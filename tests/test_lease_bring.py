@@ -1,0 +1,77 @@
+"""bench/lease/bring.sh: a packed student's pieces split over device calls of at most 8 files each,
+then joined and checked here by the real `bench/factbook_rows.sh unpack`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "rl-dgpo-s0"
+FILE = f"{NAME}.q8_0.gguf"
+
+
+@pytest.fixture
+def machine(tmp_path):
+    """A GPU machine's checkout (the script alone) whose out/pack holds 9 pieces and the sha256."""
+    (tmp_path / "bench" / "lease").mkdir(parents=True)
+    shutil.copy(ROOT / "bench" / "lease" / "bring.sh", tmp_path / "bench" / "lease")
+    pack = tmp_path / "out" / "pack"
+    pack.mkdir(parents=True)
+    data = os.urandom(9 * 1000 - 7)
+    (pack / f"{FILE}.sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  {FILE}\n")
+    for i in range(9):   # what pack's `split -d` names them: .part00, .part01, ...
+        (pack / f"{FILE}.part{i:02d}").write_bytes(data[i * 1000:(i + 1) * 1000])
+    return tmp_path
+
+
+def bring(machine: Path, *args: str, out: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    if out is not None:
+        env["OUT"] = str(out)
+    return subprocess.run(["bash", str(machine / "bench" / "lease" / "bring.sh"), *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_pieces_come_back_in_calls_of_eight_files_and_join_to_the_packed_file(machine, tmp_path):
+    listing = bring(machine, NAME)
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split(":")[0] for line in listing.stdout.splitlines()] == ["call 1 of 2", "call 2 of 2"]
+    here = tmp_path / "here"
+    here.mkdir()
+    for k in (1, 2):   # each call's $OUT, gathered here in one folder
+        out = tmp_path / f"call{k}"
+        out.mkdir()
+        done = bring(machine, NAME, str(k), out=out)
+        assert done.returncode == 0, done.stderr
+        got = sorted(p.name for p in out.iterdir())
+        assert len(got) == (8 if k == 1 else 2)
+        for p in out.iterdir():
+            shutil.copy(p, here)
+    assert len(list(here.iterdir())) == 10
+    joined = subprocess.run(["bash", str(ROOT / "bench" / "factbook_rows.sh"), "unpack", str(here), NAME],
+                            capture_output=True, text=True, timeout=120)
+    assert joined.returncode == 0, joined.stderr
+    assert "OK" in joined.stdout
+    assert (here / FILE).read_bytes() == b"".join(
+        (machine / "out" / "pack" / f"{FILE}.part{i:02d}").read_bytes() for i in range(9))
+
+
+@pytest.mark.parametrize("args, needs_out, says", [
+    (("rl-ppo-s9",), False, "no pieces of rl-ppo-s9.q8_0.gguf"),
+    ((NAME, "3"), True, "K must be 1 to 2"),
+    ((NAME, "x"), True, "K must be 1 to 2"),
+    ((NAME, "1"), False, "OUT is not set"),
+])
+def test_bad_requests_get_one_error_and_status_2(machine, tmp_path, args, needs_out, says):
+    out = tmp_path / "o"
+    out.mkdir()
+    done = bring(machine, *args, out=out if needs_out else None)
+    assert done.returncode == 2
+    assert says in done.stderr
+    assert not list(out.iterdir())   # nothing copied
