@@ -71,6 +71,23 @@ def test_bundle_refuses_to_overwrite(tmp_path: Path, hf_model: Path, index_dir: 
     assert b.manifest["protocol"]["top_k"] == 1
 
 
+@pytest.mark.parametrize("holds", ["notes", "index"])
+def test_overwrite_never_replaces_a_folder_that_is_not_a_bundle(tmp_path: Path, hf_model: Path, index_dir: Path,
+                                                                holds: str):
+    """--overwrite given with the wrong --out (a person's notes, the index itself): refused, nothing written."""
+    if holds == "notes":
+        out = tmp_path / "notes"
+        out.mkdir()
+        (out / "todo.md").write_text("buy milk\n")
+    else:
+        out = index_dir   # a dgpo-edge folder with a manifest.json, but no bundle
+    before = sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file())
+    with pytest.raises(InputError, match="is not a bundle; refusing to replace it"):
+        build_bundle(hf_model, index_dir, out, overwrite=True)
+    assert sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file()) == before
+    assert not out.with_name(out.name + ".partial").exists()
+
+
 @pytest.mark.parametrize("damage,word", [("truncate", "truncated"), ("flip", "changed"), ("remove", "missing"),
                                          ("grow", "changed")])
 def test_verify_detects_damage(tmp_path: Path, hf_model: Path, index_dir: Path, damage: str, word: str):
@@ -212,6 +229,12 @@ def test_export_bundle_command(tmp_path: Path, hf_model: Path, index_dir: Path):
                                  str(tmp_path / "C")])
     assert r.exit_code == 2 and "no such model" in r.output
     assert not (tmp_path / "C").exists()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("mine\n")
+    r = CliRunner().invoke(app, ["--model", str(hf_model), "--index", str(index_dir), "--out", str(notes), "--overwrite"])
+    assert r.exit_code == 2 and "is not a bundle" in r.output
+    assert [p.name for p in notes.iterdir()] == ["a.md"]
 
 
 def test_export_bundle_is_registered():
@@ -262,6 +285,12 @@ def test_default_bundle_builds_once_in_the_xdg_cache(cache: Path):
     stages.clear()
     b2 = ensure_default_bundle(progress=lambda stage, done, total: stages.append(stage))
     assert stages and verify(b2.path)
+    # damaged past reading its manifest: the cache's own folder is still rebuilt (what --overwrite
+    # refuses to replace in a folder the user names)
+    (b2.path / "manifest.json").write_text("{")
+    stages.clear()
+    b3 = ensure_default_bundle(progress=lambda stage, done, total: stages.append(stage))
+    assert stages and verify(b3.path)
     r = invoke("bundle", "info")
     assert r.exit_code == 0 and "gguf" in r.flat and "12 passages" in r.flat
 

@@ -52,7 +52,7 @@ from typing import Any
 
 from .. import __version__, digests, protocol
 from ..errors import InputError
-from ..jsonio import file_digest, replace_dir, write_json
+from ..jsonio import check_replaceable, file_digest, replace_dir, write_json
 from ..protocol import ProtocolConfig
 from .integrity import check_layout
 
@@ -407,10 +407,20 @@ def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | N
         out.rmdir()
     if out.exists() and not overwrite:
         raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", out)
+    check_replaceable(out, is_bundle, "a bundle")   # again: the folder may have changed while this one was built
     replace_dir(work, out)
     # Just hashed: the first open need not read every byte again.
     digests.record_many([(out / name, entry["sha256"]) for name, entry in listing.items()])
     return Bundle(out, manifest)
+
+
+def is_bundle(folder: Path) -> bool:
+    """Whether `folder` holds a bundle's manifest (what --overwrite may replace)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
 def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: ProtocolConfig | None = None,
@@ -431,6 +441,8 @@ def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: 
         raise InputError("a bundle already exists here (manifest.json); pass --overwrite to replace it", out)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", out)
+    # --overwrite replaces a bundle, never another folder (a home or notes folder given by mistake)
+    check_replaceable(out, is_bundle, "a bundle")
     emit = progress or _no_progress
     work = out.with_name(out.name + ".partial")
     work.mkdir(parents=True, exist_ok=True)

