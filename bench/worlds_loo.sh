@@ -45,7 +45,7 @@ worlds_dir=${WORLDS_DIR:-$out/worlds}
 weights=(${WEIGHTS:-factbook=0.35 cities=0.2 dictionary=0.15 elements=0.15 notes=0.15})
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 card=${card:-cpu}
-commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || true)}   # "" when unknown, as bench/provenance.py
 mkdir -p "$out/logs"
 if [[ " ${weights[*]} " == *" notes@1="* ]]; then
   echo "error: WEIGHTS has notes@1, but seed 1 is notes-s1, the notes no model may train on" >&2; exit 2
