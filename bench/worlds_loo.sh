@@ -7,7 +7,7 @@
 # (bench/factbook_eval.py: BM25 over that world's corpus), plus `notes-s1`: a notes world built with
 # seed 1, notes nobody trained on. The KD and teacher evaluations run beside DGPO on the same GPU.
 # bench/worlds_results.py then writes bench/results/worlds.json: {"card", "commit", "rows": [{"world",
-# "corpus", "trained_on", "held_out", "split", "n", "em", "model", "mixture"}, ...]}.
+# "corpus", "seed", "trained_on", "held_out", "split", "n", "em", "model", "mixture"}, ...]}.
 # Finished stages and evaluations are skipped on a rerun; a cut DGPO run resumes from checkpoints/last.
 #
 #   bench/worlds_loo.sh                   # held out: notes (GPU 0) and elements (GPU 1)

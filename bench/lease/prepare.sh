@@ -22,7 +22,8 @@
 #   4. carry [.carry/smol2]:              bash bench/lease/gguf.sh part
 #   5. carry [.carry/smol3]:              bash bench/lease/gguf.sh join && <the lease's work, started with setsid>
 # The machine's copy has no git: give the work COMMIT=$(git rev-parse --short HEAD) from here, which
-# bench/provenance.py and bench/worlds_loo.sh record in their results.
+# bench/provenance.py, bench/worlds_loo.sh and bench/factbook_rows.sh (eval, reports) record in their results.
+# PYTHON (.venv/bin/python): the Python that downloads the wheels and builds the worlds here.
 # Later calls carry nothing more (what a call copied stays on the machine while it is held); see
 # bench/lease/watch.sh for the calls that wait and bring results back, and bench/lease/bring.sh for
 # the calls that bring back a student packed in pieces.
