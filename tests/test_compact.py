@@ -256,6 +256,21 @@ def test_synthetic_opq_bundle(synthetic, tmp_path):
 
 # --- bad inputs: InputError, and nothing left behind ------------------------------------------
 
+def test_a_folder_of_someone_elses_files_is_refused(synthetic, tmp_path):
+    flat, jsonl = synthetic
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "a.md").write_text("mine")
+    (out / "store.sqlite").write_text("also mine")
+    with pytest.raises(InputError, match="not an index's") as e:
+        compact(flat, jsonl, out, pq=16)
+    assert e.value.path == str(out)
+    (out / "a.md").unlink()   # index names alone, with no index manifest dgpo-edge wrote
+    with pytest.raises(InputError, match="no index dgpo-edge wrote"):
+        compact(flat, jsonl, out, pq=16)
+    assert [(p.name, p.read_text()) for p in out.iterdir()] == [("store.sqlite", "also mine")]
+
+
 def test_count_mismatch(synthetic, tmp_path):
     flat, _ = synthetic
     short = write_corpus(tmp_path / "short.jsonl", 2999)

@@ -594,6 +594,24 @@ def test_existing_output_refused_without_overwrite(corpus, built, tmp_path):
         build_index(corpus, tmp_path / "file", kind="bm25")
 
 
+@pytest.mark.parametrize("theirs", [{"a.md": "notes"}, {"manifest.json": "{}", "store.sqlite": "mine"}],
+                         ids=["notes", "index-names"])
+def test_a_folder_of_someone_elses_files_is_refused(corpus, tmp_path, theirs):
+    """--out naming a person's folder: an index's files would be mixed in, or replace theirs."""
+    from cli_helpers import assert_one_line_error, invoke
+
+    out = tmp_path / "notes"
+    out.mkdir()
+    for name, text in theirs.items():
+        (out / name).write_text(text)
+    for overwrite in (False, True):
+        with pytest.raises(InputError, match="not an index's|no index dgpo-edge wrote") as e:
+            build_index(corpus, out, kind="bm25", overwrite=overwrite)
+        assert e.value.path == str(out)
+    assert_one_line_error(invoke("index", "build", corpus, "--out", out, "--kind", "bm25", "--overwrite"), str(out))
+    assert {p.name: p.read_text() for p in out.iterdir()} == theirs
+
+
 def test_a_work_folder_the_tool_did_not_make_is_never_touched(corpus, tmp_path):
     """DIR/.work holding someone's files is refused (overwrite or not), not emptied."""
     from cli_helpers import assert_one_line_error, invoke

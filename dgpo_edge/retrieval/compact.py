@@ -285,8 +285,7 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
         raise InputError(f"encoder {spec.name!r} has dim {spec.dim} but the index vectors have dim {d}",
                          flat_path)
     _check_corpus_count(corpus_path, n, flat_path)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError("the output path exists and is not a folder", out_dir)
+    check_index_folder(out_dir)
 
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -461,6 +460,27 @@ def _rows(flat: Any, rows: np.ndarray, chunk: int) -> np.ndarray:
         out[start:start + len(part)] = flat.reconstruct_batch(part)
     return out
 
+
+
+def check_index_folder(out: Path, own: Iterable[str] = ()) -> None:
+    """Refuse an output folder that holds anything but an index: its files are moved into the
+    folder, so a person's files there would be mixed with them, or replaced where names meet.
+    `own`: more names the builder itself leaves there (index build's work folder)."""
+    if out.exists() and not out.is_dir():
+        raise InputError("the output path exists and is not a folder", out)
+    if not out.is_dir():
+        return
+    names = {p.name for p in out.iterdir()}
+    index_files = {INDEX_FILE, STORE_FILE, MANIFEST_FILE}
+    # .partial-*: what a killed compaction leaves
+    foreign = sorted(n for n in names - index_files - set(own) if not n.startswith(".partial-"))
+    if foreign:
+        more = ", ..." if len(foreign) > 3 else ""
+        raise InputError(f"holds files that are not an index's ({', '.join(foreign[:3])}{more}); "
+                         "give the index a folder of its own", out)
+    if names & index_files and not names & set(own) and not jsonio.ours(out):
+        raise InputError(f"holds {', '.join(sorted(names & index_files))} but no index dgpo-edge wrote; "
+                         "refusing to replace them", out)
 
 def _check_corpus_count(corpus: Path, n: int, flat_path: Path) -> None:
     """Row i of the index must be line i of the corpus: compare the counts up front.
