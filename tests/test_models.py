@@ -173,7 +173,11 @@ def test_prune_exact_layers_and_atomic_replace(smol_qwen_dir, tmp_path):
     (out / "stale.txt").write_text("old")
     result = invoke("model", "prune", smol_qwen_dir, "--layers", "0,1,29", "--out", out)
     assert_one_line_error(result, "not a model directory")
-    (out / "config.json").write_text("{}")  # an earlier checkpoint: replaced as a whole
+    (out / "config.json").write_text("{}")  # a project folder with a config.json is still no model
+    result = invoke("model", "prune", smol_qwen_dir, "--layers", "0,1,29", "--out", out)
+    assert_one_line_error(result, "not a model directory")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "stale.txt"]
+    (out / "model.safetensors").write_bytes(b"")  # config and weights: an earlier checkpoint, replaced as a whole
     result = invoke("model", "prune", smol_qwen_dir, "--layers", "0,1,29", "--out", out)
     assert result.exit_code == 0, result.output
     assert not (out / "stale.txt").exists()  # replaced as a whole

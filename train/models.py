@@ -249,12 +249,15 @@ def prune_layers(model: Any, keep: Sequence[int]) -> Any:
     return model
 
 
-# An existing output directory is replaced only when it holds one of these (an earlier model).
+# An existing output directory is replaced only when it holds an earlier model: one of these configs
+# and weights beside it. A config.json alone is no mark: many a project folder has one.
 _MODEL_MARKERS = ("config.json", "genai_config.json")
+_WEIGHTS = ("*.safetensors", "*.bin", "*.onnx")
 
 
 def _is_model(out: Path) -> bool:
-    return any((out / m).is_file() for m in _MODEL_MARKERS)
+    return (any((out / m).is_file() for m in _MODEL_MARKERS)
+            and any(next(out.glob(pattern), None) is not None for pattern in _WEIGHTS))
 
 
 def check_replaceable(out: Path) -> None:
