@@ -45,7 +45,7 @@ def export_onnx(model: str | Path, out: str | Path, precision: str = "int4",
         import onnxruntime_genai  # noqa: F401
     except ImportError as e:
         raise InputError(f"{e.name} is not installed (pip install 'dgpo-edge[export]')") from None
-    out = Path(out)
+    out = Path(out).absolute()   # `--out .` has no name to put the temp folder beside
     check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as work:

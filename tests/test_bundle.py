@@ -71,6 +71,30 @@ def test_bundle_refuses_to_overwrite(tmp_path: Path, hf_model: Path, index_dir: 
     assert b.manifest["protocol"]["top_k"] == 1
 
 
+def test_out_dot_builds_into_the_empty_current_folder(tmp_path: Path, hf_model: Path, index_dir: Path, monkeypatch):
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    b = build_bundle(hf_model, index_dir, ".")
+    assert b.path == here and verify(here).manifest == b.manifest
+    assert not (tmp_path / "here.partial").exists()
+
+
+def test_a_partial_folder_the_tool_did_not_make_is_refused(tmp_path: Path, hf_model: Path, index_dir: Path):
+    """B.partial is where a build assembles B (a rerun after a crash reuses it): someone's folder of
+    that name is refused, not taken into the bundle."""
+    theirs = tmp_path / "B.partial"
+    theirs.mkdir()
+    (theirs / "diary.md").write_text("mine\n")
+    with pytest.raises(InputError, match="did not make this folder"):
+        build_bundle(hf_model, index_dir, tmp_path / "B")
+    assert [p.name for p in theirs.iterdir()] == ["diary.md"] and not (tmp_path / "B").exists()
+    (theirs / "diary.md").unlink()   # empty: adopted, and gone once the bundle is in place
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    assert not theirs.exists() and not (b.path / ".dgpo-edge-partial").exists()
+    verify(b.path)
+
+
 @pytest.mark.parametrize("holds", ["notes", "index"])
 def test_overwrite_never_replaces_a_folder_that_is_not_a_bundle(tmp_path: Path, hf_model: Path, index_dir: Path,
                                                                 holds: str):

@@ -403,6 +403,7 @@ def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | N
                 "produced_by": f"dgpo-edge {__version__}", "versions": versions(), **fields,
                 "files": listing}
     write_json(work / MANIFEST, manifest)
+    (work / PARTIAL_MARKER).unlink(missing_ok=True)
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
     if out.exists() and not overwrite:
@@ -412,6 +413,23 @@ def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | N
     # Just hashed: the first open need not read every byte again.
     digests.record_many([(out / name, entry["sha256"]) for name, entry in listing.items()])
     return Bundle(out, manifest)
+
+
+PARTIAL_MARKER = ".dgpo-edge-partial"
+
+
+def claim_partial(work: Path) -> Path:
+    """B.partial: made and marked here, or found marked (a crashed build's, reused) or empty.
+    A folder of that name holding anyone else's files is refused: the build would take them in."""
+    try:
+        work.mkdir(parents=True)
+    except FileExistsError:
+        if work.is_symlink() or not work.is_dir() or (
+                any(work.iterdir()) and not (work / PARTIAL_MARKER).is_file()):
+            raise InputError(f"dgpo-edge did not make this folder (no {PARTIAL_MARKER} marker) and a bundle "
+                             "build would take in what it holds; move it out of the way", work) from None
+    (work / PARTIAL_MARKER).write_text("made by dgpo-edge's bundle build: a bundle being assembled\n")
+    return work
 
 
 def is_bundle(folder: Path) -> bool:
@@ -434,7 +452,7 @@ def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: 
     (`runtime.gpu_layers`; -1 all layers). Work happens in `out.partial/` (kept
     after a crash and reused by a rerun); `out` appears only when complete.
     """
-    out = Path(out).expanduser()
+    out = Path(out).expanduser().absolute()   # `--out .` has no name to put B.partial beside
     if out.exists() and not out.is_dir():
         raise InputError("the output path exists and is not a folder", out)
     if (out / MANIFEST).exists() and not overwrite:
@@ -444,8 +462,7 @@ def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: 
     # --overwrite replaces a bundle, never another folder (a home or notes folder given by mistake)
     check_replaceable(out, is_bundle, "a bundle")
     emit = progress or _no_progress
-    work = out.with_name(out.name + ".partial")
-    work.mkdir(parents=True, exist_ok=True)
+    work = claim_partial(out.with_name(out.name + ".partial"))
     emit("model", 0, 1)
     model_entry = add_model(model, work)
     emit("model", 1, 1)
