@@ -179,6 +179,26 @@ def test_eval_refuses_a_second_run_into_the_same_folder(engine_script, index_dir
     assert evaluate(again, load_questions([data]), out)["n"] == 3
 
 
+@pytest.mark.parametrize("theirs", [{"notes.md": "mine"}, {"report.md": "my report", "predictions.jsonl": "{}"}],
+                         ids=["notes", "eval-names"])
+def test_eval_refuses_a_folder_of_someone_elses_files(engine_script, index_dir: Path, tmp_path: Path, theirs):
+    """--out naming a person's folder: nothing mixed in, and --overwrite deletes none of their files."""
+    data = write_questions(tmp_path / "fbqa.jsonl")
+    out = tmp_path / "theirs"
+    out.mkdir()
+    for name, text in theirs.items():
+        (out / name).write_text(text)
+    for overwrite in (False, True):
+        agent = Agent(ScriptedEngine([]), ListRetriever([Passage("0", '"Peru"\nLima')]))
+        with pytest.raises(InputError, match="not an evaluation's|without the run.json") as e:
+            evaluate(agent, load_questions([data]), out, overwrite=overwrite)
+        assert e.value.path == str(out)
+    _, model, _ = engine_script
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out, "--overwrite")
+    assert_one_line_error(r, str(out))
+    assert {p.name: p.read_text() for p in out.iterdir()} == theirs
+
+
 def test_eval_arc_evidence_modes(index_dir: Path, tmp_path: Path):
     from dgpo_edge.retrieval.retrievers import open_index
 

@@ -38,7 +38,7 @@ from .. import arc, metrics
 from ..datasets import QAExample, read_qa
 from ..errors import InputError
 from ..jsonio import cut_torn_last_line, iter_lines, parse_json_line, write_json, write_text
-from ..locks import folder_lock
+from ..locks import LOCK_FILE, folder_lock
 from ..protocol import Passage
 from .agent import Agent
 
@@ -110,6 +110,24 @@ def _damaged(path: Path, lineno: int, what: str) -> InputError:
                       "repair the file, or pass --overwrite to start over", path, lineno)
 
 
+def _check_own_folder(out: Path) -> None:
+    """Refuse an --out that is a file or holds anything but an evaluation's files: they would be
+    mixed in, or (--overwrite) someone's report.md or predictions.jsonl replaced."""
+    if out.exists() and not out.is_dir():
+        raise InputError("the output path exists and is not a folder", out)
+    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    foreign = sorted(names - {PREDICTIONS, RUN, REPORT_JSON, REPORT_MD, LOCK_FILE})
+    if foreign:
+        more = ", ..." if len(foreign) > 3 else ""
+        raise InputError(f"holds files that are not an evaluation's ({', '.join(foreign[:3])}{more}); "
+                         "give it a folder of its own", out)
+    # run.json is written before any prediction or report: without it, those files are someone else's
+    theirs = sorted(names & {PREDICTIONS, REPORT_JSON, REPORT_MD})
+    if theirs and RUN not in names:
+        raise InputError(f"holds {', '.join(theirs)} without the {RUN} an evaluation writes first; refusing "
+                         "to replace them", out)
+
+
 def _check_run(out: Path, settings: dict[str, Any], overwrite: bool) -> None:
     """Refuse an output folder holding other settings' predictions (or clear it for --overwrite)."""
     run = out / RUN
@@ -124,8 +142,6 @@ def _check_run(out: Path, settings: dict[str, Any], overwrite: bool) -> None:
         if old != settings:
             raise InputError("holds predictions made with other settings; pass --overwrite to start over, or "
                              "another --out", out)
-    elif (out / PREDICTIONS).is_file():
-        raise InputError(f"holds {PREDICTIONS} without {RUN}; pass --overwrite to start over", out)
 
 
 def _renamed_keys(run: Any) -> Any:
@@ -149,8 +165,7 @@ def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool
     folder is checked, `on_record(record, done, total)` after each question.
     """
     out = Path(out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise InputError("the output path exists and is not a folder", out)
+    _check_own_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {**(settings or {}), "arc": run_arc, "top_k": agent.config.top_k,
                 "max_searches": agent.config.max_searches, "max_turn_tokens": agent.config.max_turn_tokens,
