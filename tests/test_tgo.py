@@ -125,3 +125,9 @@ def test_tgo_command_end_to_end_and_bad_input(memorized, smol_tok, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "x", "golden_answers": ["y"]}\n{oops\n')
     assert_one_line_error(invoke(*args[:4], "--data", bad, *args[6:]), "bad.jsonl", "line 2")
+    # --out naming someone's file (last line without its newline): refused, and not cut
+    mine = tmp_path / "notes.md"
+    mine.write_text("# todo\nbuy milk")
+    assert_one_line_error(invoke(*args[:8], "--out", mine, *args[10:]), "notes.md", "line 1")
+    assert mine.read_text() == "# todo\nbuy milk"
+    assert_one_line_error(invoke(*args[:8], "--out", tmp_path, *args[10:]), "is a folder")

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..datasets import QAExample
 from ..errors import InputError
-from ..jsonio import cut_torn_last_line, read_jsonl
+from ..jsonio import cut_torn_last_line, iter_lines, parse_json_line
 from ..retrieval.base import Retriever
 from .rollout import Rollout, RolloutConfig, generate_rollouts, make_engine
 
@@ -65,13 +65,22 @@ def done_ids(out: str | Path) -> set[str]:
     """Questions already handled: named in the progress file or in the output."""
     done: set[str] = set()
     for path in (Path(out), progress_path(out)):
+        if path.is_dir():
+            raise InputError("is a folder; --out names the .jsonl file the trajectories go to", path)
         if not path.is_file():
             continue
-        cut_torn_last_line(path)
-        for line, row in read_jsonl(path):
-            if "id" not in row:
+        torn = False
+        for line, raw in iter_lines(path):
+            if not raw.endswith(b"\n"):   # a crash's torn append: cut only once every whole line proved ours
+                torn = True
+                break
+            row = parse_json_line(raw, path, line)
+            if row is not None and "id" not in row:
                 raise InputError("row has no 'id'; not a `train tgo` file", path, line)
-            done.add(str(row["id"]))
+            if row is not None:
+                done.add(str(row["id"]))
+        if torn:
+            cut_torn_last_line(path)
     return done
 
 

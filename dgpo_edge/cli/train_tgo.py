@@ -46,7 +46,7 @@ def tgo_command(
     from ..protocol import ProtocolConfig
     from ..train.rollout import ENGINES, RolloutConfig
     from ..train.evaluation import open_retriever
-    from ..train.tgo import TgoConfig, generate_teacher_trajectories
+    from ..train.tgo import TgoConfig, done_ids, generate_teacher_trajectories
 
     if engine not in ENGINES:
         raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -61,6 +61,7 @@ def tgo_command(
         protocol=ProtocolConfig(top_k=top_k, max_searches=max_searches_of(max_searches, old_max_turns),
                                 max_turn_tokens=max_turn_tokens), temperature=temperature,
         top_p=top_p, seed=seed, batch_size=batch_size, engine=engine, chat_template=chat_template))
+    done_ids(out)   # an --out that is no `train tgo` file fails before anything loads
     with open_retriever(str(index)) as retriever:  # before the teacher loads: a bad --index fails fast
         model, tokenizer = load_teacher(teacher, device, dtype)
         with stage_progress(err_console, transient=True) as bar:
