@@ -36,8 +36,9 @@ def write_gguf(model: str | Path, out: str | Path, quant: str = "f16",
     quant = quant.lower()
     if quant not in QUANTS:
         raise InputError(f"unknown --quant {quant!r} (choose from {', '.join(QUANTS)})")
-    ckpt = open_checkpoint(model)
     out = Path(out)
+    check_replaceable_gguf(out)   # before minutes of writing
+    ckpt = open_checkpoint(model)
     if quant in NUMPY_QUANTS:
         with atomic_path(out) as tmp:
             _write(ckpt, tmp, quant, pre)
@@ -49,6 +50,17 @@ def write_gguf(model: str | Path, out: str | Path, quant: str = "f16",
         with atomic_path(out) as tmp:
             quantize_gguf(f16, tmp, quant, threads=threads)
     return out
+
+
+def check_replaceable_gguf(out: Path) -> None:
+    """--out is a new file or an earlier GGUF: a folder, or a file of anything else (someone's
+    notes given by mistake), is refused rather than replaced."""
+    if out.is_dir():
+        raise InputError("is a folder; --out names the .gguf file to write", out)
+    if out.exists():
+        with open(out, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise InputError("exists and is not a GGUF file; refusing to replace it", out)
 
 
 def _write(ckpt: Checkpoint, path: Path, quant: str, pre: str | None) -> None:

@@ -291,6 +291,22 @@ def test_bad_options(smol_qwen_dir, tmp_path, args, needle):
                                  *args), needle)
 
 
+def test_out_is_a_new_file_or_an_earlier_gguf(tiny_qwen, tmp_path):
+    """A folder, or someone's file of anything else, is refused before any writing; a GGUF is replaced."""
+    assert_one_line_error(invoke("export", "gguf", tiny_qwen["tied"], "--out", tmp_path, "--quant", "f16"),
+                          str(tmp_path), "is a folder")
+    notes = tmp_path / "notes.md"
+    notes.write_text("mine\n")
+    assert_one_line_error(invoke("export", "gguf", tiny_qwen["tied"], "--out", notes, "--quant", "f16"),
+                          "notes.md", "not a GGUF")
+    assert notes.read_text() == "mine\n"
+    out = tmp_path / "m.gguf"
+    for _ in range(2):   # the second run replaces the first one's GGUF
+        result = invoke("export", "gguf", tiny_qwen["tied"], "--out", out, "--quant", "f16", "--no-verify")
+        assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:4] == b"GGUF"
+
+
 def test_missing_model_dir(tmp_path):
     result = invoke("export", "gguf", tmp_path / "nope", "--out", tmp_path / "m.gguf")
     assert_one_line_error(result, "nope", "no such directory")
