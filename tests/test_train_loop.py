@@ -76,6 +76,26 @@ def test_sft_loss_falls_and_every_parameter_changes(toy, tmp_path):
     assert not (run / "checkpoints" / ".last.tmp").exists()
 
 
+@pytest.mark.parametrize("theirs", [{"notes.md": "mine"}, {"metrics.csv": "my,table\n"}], ids=["notes", "run-names"])
+def test_run_out_dir_of_someone_elses_files_is_refused(toy, tmp_path, theirs):
+    """run.out_dir naming a person's folder: refused before a file is written, and left as it was."""
+    from dgpo_edge.errors import InputError
+
+    out = tmp_path / "theirs"
+    out.mkdir()
+    for name, text in theirs.items():
+        (out / name).write_text(text)
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], out, optim={"max_steps": 1, "batch_size": 2})
+    with pytest.raises(InputError, match="not a training run's|without the config.yaml") as e:
+        _sft(config)
+    assert e.value.path == str(out)
+    assert {p.name: p.read_text() for p in out.iterdir()} == theirs
+    file_out = tmp_path / "a-file"
+    file_out.write_text("x")
+    with pytest.raises(InputError, match="not a folder"):
+        _sft(write_config(tmp_path / "d.yaml", toy["student"], toy["train"], file_out, optim={"max_steps": 1}))
+
+
 class _Crash(Exception):
     pass
 

@@ -186,10 +186,33 @@ def _quiet_logger(name: str):
         logger.setLevel(level)
 
 
+# What a run writes into run.out_dir (config.yaml first); a folder holding anything else is not a run's.
+RUN_FILES = frozenset({"config.yaml", "metrics.csv", "eval.csv", "report.jsonl", "summary.json", "checkpoints",
+                       "tb", "wandb"})
+
+
+def check_run_dir(out: Path) -> None:
+    """Refuse a run.out_dir that is a file, or a folder of anything but a training run: a run writes
+    its config, metrics and checkpoints there, and replaces or removes the files of those names."""
+    if out.exists() and not out.is_dir():
+        raise InputError("run.out_dir exists and is not a folder", out)
+    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    foreign = sorted(names - RUN_FILES)
+    if foreign:
+        more = ", ..." if len(foreign) > 3 else ""
+        raise InputError(f"holds files that are not a training run's ({', '.join(foreign[:3])}{more}); "
+                         "give run.out_dir a folder of its own", out)
+    theirs = sorted(names - {"config.yaml", "checkpoints"})
+    if theirs and "config.yaml" not in names:
+        raise InputError(f"holds {', '.join(theirs)} without the config.yaml a run writes first; refusing to "
+                         "replace them", out)
+
+
 def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = None) -> dict | None:
     """Create out_dir, write the resolved config, recover from an interrupted swap, and - when
     `run.resume` and `checkpoints/last` exist - load the saved state (from state/<name> into each of
     `states`, as `write_last` saved it); returns trainer_state or None."""
+    check_run_dir(out)   # on every process, so that all of them stop
     ckpt = out / "checkpoints"
     last, old = ckpt / "last", ckpt / ".last.old"
     resuming = config.run.resume and ((last / "trainer_state.json").is_file()
