@@ -11,7 +11,8 @@
 # one). Rows joined by + run one after another instead (kd_jsd:0+kd_reverse_kl:0: rows too large
 # to share a card with each other). A VARIANT names overrides given in the environment, VARIANT_<name>, for that row alone, and
 # tags its run (bench/factbook_rows.sh's TAG): with VARIANT_b01="teacher.beta=0.01", dgpo:0:b01
-# trains out/runs/rl-dgpo-b01-s0. A row whose variant sets teacher.path=out/runs/RUN/checkpoints/... where
+# trains out/runs/rl-dgpo-b01-s0. A row whose variant sets teacher.path= (kd.teacher= for a KD-loss row)
+# out/runs/RUN/checkpoints/... where
 # RUN is another row's run here waits until that run has finished (or skips, if it failed), so DGPO
 # on another GPU can learn from the teacher PPO trains: "0=teacher_ppo:0:t100+dgpo:0:rlt" "1=dgpo:1:rlt".
 # MINUTES counts from now; every row is stopped then (each resumes from its last checkpoint
@@ -149,8 +150,8 @@ run_row() {  # GPU METHOD SEED [VARIANT]
   if [ -n "${4:-}" ]; then read -ra extra <<< "$(printenv "VARIANT_$4")"; tag=${TAG:+$TAG-}$4; fi
   local arg
   for arg in "${extra[@]}"; do
-    [[ $arg =~ ^teacher\.path=(.*/)?runs/([^/]+)/checkpoints/ ]] || continue
-    wait_for_run "${BASH_REMATCH[2]}" || { log "skip $row: its teacher ${BASH_REMATCH[2]} did not finish"; return; }
+    [[ $arg =~ ^(teacher\.path|kd\.teacher)=(.*/)?runs/([^/]+)/checkpoints/ ]] || continue
+    wait_for_run "${BASH_REMATCH[3]}" || { log "skip $row: its teacher ${BASH_REMATCH[3]} did not finish"; return; }
   done
   l=$(left)
   [ "$l" -gt 60 ] || { log "skip $row: $l s left"; return; }

@@ -51,7 +51,9 @@ if [[ " ${weights[*]} " == *" notes@1="* ]]; then
   echo "error: WEIGHTS has notes@1, but seed 1 is notes-s1, the notes no model may train on" >&2; exit 2
 fi
 log() { echo "[$(date +%H:%M:%S)] $*"; }
-[[ ${MIX_TAG:-x} =~ ^[a-z0-9_]+$ ]] || { echo "error: MIX_TAG '$MIX_TAG': letters, digits and _ only" >&2; exit 2; }
+# (not NNl: worlds-kd-all-24l would then be both the 24-layer run of `all` and the 15-layer one of `all-24l`)
+[[ ${MIX_TAG:-x} =~ ^[a-z0-9_]+$ && ! ${MIX_TAG:-x} =~ ^[0-9]+l$ ]] \
+  || { echo "error: MIX_TAG '$MIX_TAG': lowercase letters, digits and _, and not a depth like 24l" >&2; exit 2; }
 
 layers=${STUDENT_LAYERS:-15}
 student=$out/models/smollm2-135m-${layers}l

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,11 @@ def test_a_partial_folder_the_tool_did_not_make_is_refused(tmp_path: Path, hf_mo
     with pytest.raises(InputError, match="did not make this folder"):
         build_bundle(hf_model, index_dir, tmp_path / "B")
     assert [p.name for p in theirs.iterdir()] == ["diary.md"] and not (tmp_path / "B").exists()
-    (theirs / "diary.md").unlink()   # empty: adopted, and gone once the bundle is in place
+    (theirs / "diary.md").unlink()
+    (theirs / "manifest.json").write_text(json.dumps({"format": "dgpo-edge-bundle"}))  # a finished one: reused
+    build_bundle(hf_model, index_dir, tmp_path / "B")
+    shutil.rmtree(tmp_path / "B")
+    theirs.mkdir()   # empty: adopted, and gone once the bundle is in place
     b = build_bundle(hf_model, index_dir, tmp_path / "B")
     assert not theirs.exists() and not (b.path / ".dgpo-edge-partial").exists()
     verify(b.path)
@@ -312,9 +317,13 @@ def test_default_bundle_builds_once_in_the_xdg_cache(cache: Path):
     # damaged past reading its manifest: the cache's own folder is still rebuilt (what --overwrite
     # refuses to replace in a folder the user names)
     (b2.path / "manifest.json").write_text("{")
+    # and a B.partial an older version left after a crash, without the marker this one writes
+    stale = b2.path.with_name("default-bundle.partial")
+    stale.mkdir()
+    (stale / "model").mkdir()
     stages.clear()
     b3 = ensure_default_bundle(progress=lambda stage, done, total: stages.append(stage))
-    assert stages and verify(b3.path)
+    assert stages and verify(b3.path) and not stale.exists()
     r = invoke("bundle", "info")
     assert r.exit_code == 0 and "gguf" in r.flat and "12 passages" in r.flat
 

@@ -269,6 +269,10 @@ def test_a_folder_of_someone_elses_files_is_refused(synthetic, tmp_path):
     with pytest.raises(InputError, match="no index dgpo-edge wrote"):
         compact(flat, jsonl, out, pq=16)
     assert [(p.name, p.read_text()) for p in out.iterdir()] == [("store.sqlite", "also mine")]
+    (out / "store.sqlite").unlink()
+    (out / ".DS_Store").write_text("")   # hidden files are left alone, and built beside
+    compact(flat, jsonl, out, pq=16, eval_queries=0)
+    assert sorted(p.name for p in out.iterdir()) == [".DS_Store", "manifest.json", "store.sqlite", "vectors.faiss"]
 
 
 def test_count_mismatch(synthetic, tmp_path):

@@ -199,6 +199,18 @@ def test_eval_refuses_a_folder_of_someone_elses_files(engine_script, index_dir: 
     assert {p.name: p.read_text() for p in out.iterdir()} == theirs
 
 
+def test_eval_leaves_hidden_files_alone_and_runs_beside_them(tmp_path: Path):
+    """A Finder .DS_Store, or the temp file of a write that was killed, does not make a folder foreign."""
+    data = write_questions(tmp_path / "fbqa.jsonl")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".DS_Store").write_bytes(b"\0")
+    (out / ".run.json.abc123.tmp").write_text("{")
+    agent = Agent(ScriptedEngine(SCRIPT), ListRetriever([Passage("0", '"Peru"\nLima')]))
+    assert evaluate(agent, load_questions([data]), out)["n"] == 3
+    assert (out / ".DS_Store").read_bytes() == b"\0"
+
+
 def test_eval_arc_evidence_modes(index_dir: Path, tmp_path: Path):
     from dgpo_edge.retrieval.retrievers import open_index
 

@@ -101,6 +101,15 @@ def test_dgpo_on_another_gpu_waits_until_the_ppo_teacher_has_finished(lanes):
         "dgpo 0 after the teacher", "dgpo 1 after the teacher"]
 
 
+def test_a_kd_row_waits_for_the_run_its_kd_teacher_names(lanes):
+    root, run = lanes
+    _before_each_row(root, '[ "$2" = teacher_ppo ] && sleep 3; [ "$2" = kd_jsd ] && { [ -f out/runs/rl-teacher_ppo-s0/summary.json ]'
+                           ' && echo "kd after the teacher" || echo "kd before the teacher"; } >> out/order.log')
+    r = run("0=teacher_ppo:0", "1=kd_jsd:0:rlt", REFS="", VARIANT_rlt="kd.teacher=out/runs/rl-teacher_ppo-s0/checkpoints/best")
+    assert r.returncode == 0, r.stderr
+    assert (root / "out" / "order.log").read_text().splitlines() == ["kd after the teacher"]
+
+
 def test_a_row_whose_teacher_run_failed_is_skipped_without_waiting(lanes):
     root, run = lanes
     _before_each_row(root, '[ "$2" = teacher_ppo ] && exit 1')

@@ -131,3 +131,9 @@ def test_tgo_command_end_to_end_and_bad_input(memorized, smol_tok, tmp_path):
     assert_one_line_error(invoke(*args[:8], "--out", mine, *args[10:]), "notes.md", "line 1")
     assert mine.read_text() == "# todo\nbuy milk"
     assert_one_line_error(invoke(*args[:8], "--out", tmp_path, *args[10:]), "is a folder")
+    # a last line without its newline is cut only when it is a row cut short, never a whole record
+    # or someone's single line
+    for text in ('{"id": "a"}\n{"id": "b"}', "my important note"):
+        mine.write_text(text)
+        assert_one_line_error(invoke(*args[:8], "--out", mine, *args[10:]), "notes.md", "no newline")
+        assert mine.read_text() == text

@@ -90,6 +90,13 @@ def test_run_out_dir_of_someone_elses_files_is_refused(toy, tmp_path, theirs):
         _sft(config)
     assert e.value.path == str(out)
     assert {p.name: p.read_text() for p in out.iterdir()} == theirs
+    hidden = tmp_path / "hidden"   # a Finder .DS_Store or a killed write's temp file is no one's run
+    hidden.mkdir()
+    (hidden / ".DS_Store").write_bytes(b"\0")
+    (hidden / ".config.yaml.x1.tmp").write_text("")
+    from dgpo_edge.train.plumbing import check_run_dir
+
+    check_run_dir(hidden)
     file_out = tmp_path / "a-file"
     file_out.write_text("x")
     with pytest.raises(InputError, match="not a folder"):

@@ -141,6 +141,8 @@ def test_rows_of_a_mixture_that_is_gone_are_refused_too(work):
     assert done.returncode == 2 and str(rows) in done.stderr
 
 
-def test_a_mix_tag_with_other_characters_is_refused(work):
-    done = run_lane(work, MIX_TAG="a b")
+@pytest.mark.parametrize("tag", ["a b", "Records", "24l"])
+def test_a_mix_tag_with_other_characters_or_a_depths_name_is_refused(work, tag):
+    # 24l: worlds-kd-all-24l would be both the 24-layer run of `all` and the 15-layer one of `all-24l`
+    done = run_lane(work, MIX_TAG=tag)
     assert done.returncode == 2 and "MIX_TAG" in done.stderr

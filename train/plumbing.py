@@ -196,7 +196,8 @@ def check_run_dir(out: Path) -> None:
     its config, metrics and checkpoints there, and replaces or removes the files of those names."""
     if out.exists() and not out.is_dir():
         raise InputError("run.out_dir exists and is not a folder", out)
-    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    # hidden names are left alone: a killed write's .NAME.*.tmp, a Finder .DS_Store
+    names = {p.name for p in out.iterdir() if not p.name.startswith(".")} if out.is_dir() else set()
     foreign = sorted(names - RUN_FILES)
     if foreign:
         more = ", ..." if len(foreign) > 3 else ""
@@ -212,7 +213,8 @@ def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = N
     """Create out_dir, write the resolved config, recover from an interrupted swap, and - when
     `run.resume` and `checkpoints/last` exist - load the saved state (from state/<name> into each of
     `states`, as `write_last` saved it); returns trainer_state or None."""
-    check_run_dir(out)   # on every process, so that all of them stop
+    check_run_dir(out)   # on every process, so that all of them stop,
+    acc.wait_for_everyone()   # and before the main process writes a file that another would see
     ckpt = out / "checkpoints"
     last, old = ckpt / "last", ckpt / ".last.old"
     resuming = config.run.resume and ((last / "trainer_state.json").is_file()

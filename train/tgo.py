@@ -72,7 +72,7 @@ def done_ids(out: str | Path) -> set[str]:
         torn = False
         for line, raw in iter_lines(path):
             if not raw.endswith(b"\n"):   # a crash's torn append: cut only once every whole line proved ours
-                torn = True
+                torn = _check_torn(raw, path, line)
                 break
             row = parse_json_line(raw, path, line)
             if row is not None and "id" not in row:
@@ -82,6 +82,19 @@ def done_ids(out: str | Path) -> set[str]:
         if torn:
             cut_torn_last_line(path)
     return done
+
+
+def _check_torn(raw: bytes, path: Path, line: int) -> bool:
+    """A last line without its newline is cut only when it is what a killed append leaves: the start
+    of a row (every row begins `{"id": `) that is not yet whole JSON. Anything else is someone's."""
+    try:
+        whole = isinstance(json.loads(raw), dict)
+    except ValueError:
+        whole = False
+    if whole or not raw.startswith(b'{"id": '):
+        raise InputError("the last line has no newline and is no row cut short by a crash; not a `train tgo` "
+                         "file (or add the newline)", path, line)
+    return True
 
 
 def _append(path: Path, rows: Sequence[dict]) -> None:

@@ -24,7 +24,8 @@ if [ -z "${2:-}" ]; then
   exit 0
 fi
 k=$2
-[[ $k =~ ^[0-9]+$ ]] && (( k >= 1 && k <= calls )) || { echo "error: K must be 1 to $calls for $file" >&2; exit 2; }
+[[ $k =~ ^[0-9]+$ ]] && k=$(( 10#$k )) && (( k >= 1 && k <= calls )) \
+  || { echo "error: K must be 1 to $calls for $file" >&2; exit 2; }
 [ -n "${OUT:-}" ] || { echo "error: OUT is not set (the folder a device call returns)" >&2; exit 2; }
 for f in "${files[@]:$(( (k - 1) * per_call )):$per_call}"; do cp "out/pack/$f" "$OUT/"; done
 ls -l "$OUT"

@@ -38,7 +38,7 @@ from .. import arc, metrics
 from ..datasets import QAExample, read_qa
 from ..errors import InputError
 from ..jsonio import cut_torn_last_line, iter_lines, parse_json_line, write_json, write_text
-from ..locks import LOCK_FILE, folder_lock
+from ..locks import folder_lock
 from ..protocol import Passage
 from .agent import Agent
 
@@ -115,8 +115,9 @@ def _check_own_folder(out: Path) -> None:
     mixed in, or (--overwrite) someone's report.md or predictions.jsonl replaced."""
     if out.exists() and not out.is_dir():
         raise InputError("the output path exists and is not a folder", out)
-    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
-    foreign = sorted(names - {PREDICTIONS, RUN, REPORT_JSON, REPORT_MD, LOCK_FILE})
+    # hidden names are left alone: the lock, a killed write's .NAME.*.tmp, a Finder .DS_Store
+    names = {p.name for p in out.iterdir() if not p.name.startswith(".")} if out.is_dir() else set()
+    foreign = sorted(names - {PREDICTIONS, RUN, REPORT_JSON, REPORT_MD})
     if foreign:
         more = ", ..." if len(foreign) > 3 else ""
         raise InputError(f"holds files that are not an evaluation's ({', '.join(foreign[:3])}{more}); "

