@@ -89,6 +89,20 @@ def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str 
         raise InputError(f"exists and is not {what}; refusing to replace it", out)
 
 
+def check_holds_only(out: Path, allowed: Iterable[str], what: str, fix: str) -> set[str]:
+    """Refuse a file, or a folder holding a visible name outside `allowed`: an output folder given by
+    mistake, whose files a writer would mix with its own or replace. Returns the visible names.
+    Hidden names are left alone: a lock, a killed write's .NAME.*.tmp, a Finder .DS_Store."""
+    if out.exists() and not out.is_dir():
+        raise InputError("the output path exists and is not a folder", out)
+    names = {p.name for p in out.iterdir() if not p.name.startswith(".")} if out.is_dir() else set()
+    foreign = sorted(names - set(allowed))
+    if foreign:
+        more = ", ..." if len(foreign) > 3 else ""
+        raise InputError(f"holds files that are not {what} ({', '.join(foreign[:3])}{more}); {fix}", out)
+    return names
+
+
 @contextlib.contextmanager
 def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
                what: str = "a folder dgpo-edge wrote") -> Iterator[Path]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import replace_dir
+from dgpo_edge.jsonio import check_holds_only, replace_dir
 
 from .config import write_resolved
 
@@ -196,13 +196,7 @@ def check_run_dir(out: Path) -> None:
     its config, metrics and checkpoints there, and replaces or removes the files of those names."""
     if out.exists() and not out.is_dir():
         raise InputError("run.out_dir exists and is not a folder", out)
-    # hidden names are left alone: a killed write's .NAME.*.tmp, a Finder .DS_Store
-    names = {p.name for p in out.iterdir() if not p.name.startswith(".")} if out.is_dir() else set()
-    foreign = sorted(names - RUN_FILES)
-    if foreign:
-        more = ", ..." if len(foreign) > 3 else ""
-        raise InputError(f"holds files that are not a training run's ({', '.join(foreign[:3])}{more}); "
-                         "give run.out_dir a folder of its own", out)
+    names = check_holds_only(out, RUN_FILES, "a training run's", "give run.out_dir a folder of its own")
     theirs = sorted(names - {"config.yaml", "checkpoints"})
     if theirs and "config.yaml" not in names:
         raise InputError(f"holds {', '.join(theirs)} without the config.yaml a run writes first; refusing to "

@@ -75,10 +75,11 @@ def done_ids(out: str | Path) -> set[str]:
                 torn = _check_torn(raw, path, line)
                 break
             row = parse_json_line(raw, path, line)
-            if row is not None and "id" not in row:
+            if row is None:
+                continue
+            if "id" not in row:
                 raise InputError("row has no 'id'; not a `train tgo` file", path, line)
-            if row is not None:
-                done.add(str(row["id"]))
+            done.add(str(row["id"]))
         if torn:
             cut_torn_last_line(path)
     return done

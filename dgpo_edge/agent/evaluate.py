@@ -37,7 +37,7 @@ from typing import Any
 from .. import arc, metrics
 from ..datasets import QAExample, read_qa
 from ..errors import InputError
-from ..jsonio import cut_torn_last_line, iter_lines, parse_json_line, write_json, write_text
+from ..jsonio import check_holds_only, cut_torn_last_line, iter_lines, parse_json_line, write_json, write_text
 from ..locks import folder_lock
 from ..protocol import Passage
 from .agent import Agent
@@ -113,15 +113,8 @@ def _damaged(path: Path, lineno: int, what: str) -> InputError:
 def _check_own_folder(out: Path) -> None:
     """Refuse an --out that is a file or holds anything but an evaluation's files: they would be
     mixed in, or (--overwrite) someone's report.md or predictions.jsonl replaced."""
-    if out.exists() and not out.is_dir():
-        raise InputError("the output path exists and is not a folder", out)
-    # hidden names are left alone: the lock, a killed write's .NAME.*.tmp, a Finder .DS_Store
-    names = {p.name for p in out.iterdir() if not p.name.startswith(".")} if out.is_dir() else set()
-    foreign = sorted(names - {PREDICTIONS, RUN, REPORT_JSON, REPORT_MD})
-    if foreign:
-        more = ", ..." if len(foreign) > 3 else ""
-        raise InputError(f"holds files that are not an evaluation's ({', '.join(foreign[:3])}{more}); "
-                         "give it a folder of its own", out)
+    names = check_holds_only(out, {PREDICTIONS, RUN, REPORT_JSON, REPORT_MD}, "an evaluation's",
+                             "give it a folder of its own")
     # run.json is written before any prediction or report: without it, those files are someone else's
     theirs = sorted(names & {PREDICTIONS, REPORT_JSON, REPORT_MD})
     if theirs and RUN not in names:

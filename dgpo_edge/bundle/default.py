@@ -135,14 +135,14 @@ def ensure_default_bundle(progress: Progress | None = None, corpus: str | Path |
         source_corpus, extra = _default_corpus(scratch, want, emit)
         kind = student.spec["index_kind"] if student else "ivfpq"
         index = scratch / f"index-{kind}"
-        from ..retrieval.build import build_index, verify_files
+        from ..retrieval.build import MANIFEST_FILE, build_index, verify_files
 
         try:
             verify_files(index)
         except InputError:
             # the cache's own scratch index: a manifest damaged past reading would be refused as no
             # index dgpo-edge wrote, so that one goes; a crashed build's .work is kept and resumed
-            if (index / "manifest.json").exists() and not jsonio.ours(index):
+            if (index / MANIFEST_FILE).exists() and not jsonio.ours(index):
                 shutil.rmtree(index)
             build_index(source_corpus, index, encoder_spec="minilm-int8", kind=kind, progress=emit,
                         overwrite=True)

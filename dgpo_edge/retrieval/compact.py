@@ -461,26 +461,18 @@ def _rows(flat: Any, rows: np.ndarray, chunk: int) -> np.ndarray:
     return out
 
 
-
 def check_index_folder(out: Path, own: Iterable[str] = ()) -> None:
     """Refuse an output folder that holds anything but an index: its files are moved into the
     folder, so a person's files there would be mixed with them, or replaced where names meet.
-    `own`: more names the builder itself leaves there (index build's work folder)."""
-    if out.exists() and not out.is_dir():
-        raise InputError("the output path exists and is not a folder", out)
-    if not out.is_dir():
-        return
-    names = {p.name for p in out.iterdir()}
+    `own`: what the builder itself leaves there (index build's work folder), which also vouches
+    for index files a killed build left without their manifest. A killed compaction's .partial-*
+    is hidden, and so left alone."""
     index_files = {INDEX_FILE, STORE_FILE, MANIFEST_FILE}
-    # hidden names are left alone: a killed compaction's .partial-*, a killed write's temp file, .DS_Store
-    foreign = sorted(n for n in names - index_files - set(own) if not n.startswith("."))
-    if foreign:
-        more = ", ..." if len(foreign) > 3 else ""
-        raise InputError(f"holds files that are not an index's ({', '.join(foreign[:3])}{more}); "
-                         "give the index a folder of its own", out)
-    if names & index_files and not names & set(own) and not jsonio.ours(out):
+    names = jsonio.check_holds_only(out, index_files, "an index's", "give the index a folder of its own")
+    if names & index_files and not any((out / n).exists() for n in own) and not jsonio.ours(out):
         raise InputError(f"holds {', '.join(sorted(names & index_files))} but no index dgpo-edge wrote; "
                          "refusing to replace them", out)
+
 
 def _check_corpus_count(corpus: Path, n: int, flat_path: Path) -> None:
     """Row i of the index must be line i of the corpus: compare the counts up front.
