@@ -23,7 +23,7 @@
 # its runs' and rows': MIX_TAG=records mixes notes-out-records, an experiment beside notes-out in one WORK_DIR),
 # SFT_ARGS / KD_ARGS / DGPO_ARGS
 # (more key=value overrides), EVAL_LIMIT (first N test questions), PACK (1: the DGPO student as a Q8_0
-# GGUF in 15 MiB pieces under out/pack, and the KD adapter copied there, so they can leave a lease:
+# GGUF in 15 MiB pieces under out/pack, and the KD adapter copied to $WORK_DIR/pack, so they can leave a lease:
 # bench/factbook_rows.sh pack/unpack), PREP_STUDENT (1: convert and prune
 # the student when absent), STUDENT_LAYERS (15, so that the first runs keep their names; the shipped student is 24: the student's depth, of SmolLM2's 30; runs of another
 # depth are named ...-LLl, e.g. worlds-kd-notes-out-24l, and their rows kd-24l, dgpo-24l), SMOL_GGUF,
@@ -33,7 +33,15 @@
 # EVAL_WORLDS (the worlds whose test splits are scored, besides notes-s1; default every world in
 # WEIGHTS), EVAL_TEACHER (0: skip the teacher's evaluations, e.g. in a second lane of another depth on the same
 # mixture, started once the first lane's teacher is trained), COLLECT (0: leave the rows in
-# worlds-eval/ without writing RESULTS, for a driver that runs several of these at once and collects once).
+# worlds-eval/ without writing RESULTS, for a driver that runs several of these at once and collects once),
+# KD_ADAPTER (a KD adapter trained at STUDENT_LAYERS, e.g. the shipped dgpo_edge/bundle/shipped/adapter,
+# which was trained on `all`: the lane's KD student, merged once into $WORK_DIR/models/kd-start-DIGEST as
+# bench/factbook_rows.sh names it, instead of training one), DGPO_START (merged; adapter: DGPO trains the KD
+# adapter itself, LoRA over the pruned base, so its checkpoints/best/adapter is a student the bundle ships
+# and PACK=1 copies it to $WORK_DIR/pack; run worlds-dgpo-lora-..., rows dgpo-lora...), DGPO_VARIANTS (names of DGPO
+# runs side by side on the lane's GPU, each with the overrides in VARIANT_<name> as in bench/factbook_lanes.sh:
+# run worlds-dgpo-MIXTURE+NAME, row dgpo+NAME@MIXTURE; e.g. learning rates to choose on the mixture's dev
+# split), DEADLINE (epoch seconds: DGPO stops then, if before DGPO_MINUTES are up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 held=("$@")
@@ -54,6 +62,17 @@ log() { echo "[$(date +%H:%M:%S)] $*"; }
 # (not NNl: worlds-kd-all-24l would then be both the 24-layer run of `all` and the 15-layer one of `all-24l`)
 [[ ${MIX_TAG:-x} =~ ^[a-z0-9_]+$ && ! ${MIX_TAG:-x} =~ ^[0-9]+l$ ]] \
   || { echo "error: MIX_TAG '$MIX_TAG': lowercase letters, digits and _, and not a depth like 24l" >&2; exit 2; }
+
+read -ra dgpo_variants <<< "${DGPO_VARIANTS:-}"
+for v in "${dgpo_variants[@]}"; do
+  [[ $v =~ ^[a-z0-9_]+$ && -n $(printenv "VARIANT_$v") ]] || { echo "error: DGPO_VARIANTS: '$v' needs a name of" \
+    "lowercase letters, digits and _, and its overrides in VARIANT_$v" >&2; exit 2; }
+done
+[[ ${DGPO_START:-merged} =~ ^(merged|adapter)$ ]] \
+  || { echo "error: DGPO_START '$DGPO_START': merged or adapter" >&2; exit 2; }
+if [[ -n ${KD_ADAPTER:-} && ! -f ${KD_ADAPTER:-}/adapter_model.safetensors ]]; then
+  echo "error: KD_ADAPTER $KD_ADAPTER: no adapter_model.safetensors there" >&2; exit 2
+fi
 
 layers=${STUDENT_LAYERS:-15}
 student=$out/models/smollm2-135m-${layers}l
@@ -85,7 +104,7 @@ evaluate() {  # NAME@MIXTURE=DIR: the mixture's dev EM (MIX_DEV=1), then test EM
 leftovers() {  # MIXTURE: the runs and evaluation files named after this mixture, one a line
   local d f
   for d in "$out"/runs/worlds-*; do
-    [[ $(basename "$d") =~ ^worlds-(teacher-sft|kd|dgpo)-$1(-[0-9]+l)?$ ]] && echo "$d"
+    [[ $(basename "$d") =~ ^worlds-(teacher-sft|kd|dgpo|dgpo-lora)-$1(-[0-9]+l)?(\+[a-z0-9_]+)?$ ]] && echo "$d"
   done
   for f in "$out"/worlds-eval/*.jsonl; do
     [ -f "$f" ] && grep -q "^{\"method\": \"[^\"]*@$1\"" "$f" && echo "$f"
@@ -112,7 +131,7 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
   mixture=$(mixture_of "$h")
   if [[ $h == none ]]; then hold=(); fi
   local mix=$out/worlds-mix/$mixture
-  local teacher=$out/runs/worlds-teacher-sft-$mixture kd=$out/runs/worlds-kd-$mixture$tag dgpo=$out/runs/worlds-dgpo-$mixture$tag
+  local teacher=$out/runs/worlds-teacher-sft-$mixture kd=$out/runs/worlds-kd-$mixture$tag
   local args=() data=(data.train="$mix/oracle.jsonl" data.dev="$mix/dev.jsonl" data.retriever="$mix/corpus.jsonl")
   worlds=()  # evaluated: each world once (an entry NAME@SEED trains on NAME at another seed)
   for w in "${weights[@]}"; do
@@ -126,25 +145,52 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
   # The teacher is measured on whole test splits below, so no dev evaluation inside its run.
   [ -f "$teacher/summary.json" ] || "${de[@]}" train sft --config train/configs/worlds-teacher-sft.yaml \
     run.out_dir="$teacher" "${data[@]}" data.dev=null log.progress=false ${SFT_ARGS:-}
-  [ -f "$kd/summary.json" ] || "${de[@]}" train kd --config train/configs/worlds-kd.yaml run.out_dir="$kd" \
-    model.path="$student" kd.teacher="$teacher/checkpoints/last" "${data[@]}" eval.at_start=false \
-    log.progress=false ${KD_ARGS:-}
-  local minutes=${DGPO_MINUTES:-10}
-  if [[ $minutes != 0 ]]; then  # cut at the time limit (status 124); its best dev checkpoint is evaluated
-    ( [ -f "$dgpo/summary.json" ] || timeout --signal=TERM "${minutes}m" "${de[@]}" train dgpo \
-        --config train/configs/worlds-dgpo.yaml run.out_dir="$dgpo" model.path="$kd/checkpoints/best" \
-        teacher.path="$teacher/checkpoints/last" data.train="$mix/train.jsonl" data.dev="$mix/dev.jsonl" \
-        data.retriever="$mix/corpus.jsonl" eval.at_start=false log.save_every=10 log.progress=false \
-        ${DGPO_ARGS:-} || log "dgpo $h: rc=$?" ) > "$out/logs/worlds-dgpo-$mixture.log" 2>&1 &
+  local kd_model=$kd/checkpoints/best kd_adapter=$kd/checkpoints/best/adapter
+  if [[ -n ${KD_ADAPTER:-} ]]; then   # a KD student trained before: merged once, for the evaluations
+    kd_adapter=$KD_ADAPTER
+    kd_model=$out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12)
+    [ -d "$kd_model" ] || "${de[@]}" model merge "$student" --adapter "$KD_ADAPTER" --out "$kd_model"
+  elif [ ! -f "$kd/summary.json" ]; then
+    "${de[@]}" train kd --config train/configs/worlds-kd.yaml run.out_dir="$kd" model.path="$student" \
+      kd.teacher="$teacher/checkpoints/last" "${data[@]}" eval.at_start=false log.progress=false ${KD_ARGS:-}
   fi
-  evaluate "kd$tag@$mixture=$kd/checkpoints/best"
+  # DGPO from the merged KD student (full weights), or (DGPO_START=adapter) training its adapter
+  local lora= start=(model.path="$kd_model") variants=()
+  if [[ ${DGPO_START:-merged} == adapter ]]; then lora=-lora; start=(model.path="$student" lora.init_from="$kd_adapter"); fi
+  variants=("${dgpo_variants[@]}")
+  [ ${#variants[@]} -gt 0 ] || variants=("")
+  local minutes=${DGPO_MINUTES:-10} v
+  if [[ $minutes != 0 ]]; then  # cut at the time limit (status 124); its best dev checkpoint is evaluated
+    local seconds=$(( minutes * 60 ))
+    [[ -z ${DEADLINE:-} ]] || seconds=$(( DEADLINE - $(date +%s) < seconds ? DEADLINE - $(date +%s) : seconds ))
+    for v in "${variants[@]}"; do
+      local dgpo=$out/runs/worlds-dgpo$lora-$mixture$tag${v:++$v} extra=()
+      [[ -z $v ]] || read -ra extra <<< "$(printenv "VARIANT_$v")"
+      ( [ -f "$dgpo/summary.json" ] || [ "$seconds" -le 60 ] || timeout --signal=TERM "$seconds" "${de[@]}" train dgpo \
+          --config train/configs/worlds-dgpo.yaml run.out_dir="$dgpo" "${start[@]}" \
+          teacher.path="$teacher/checkpoints/last" data.train="$mix/train.jsonl" data.dev="$mix/dev.jsonl" \
+          data.retriever="$mix/corpus.jsonl" eval.at_start=false log.save_every=10 log.progress=false \
+          ${DGPO_ARGS:-} "${extra[@]}" || log "dgpo $h${v:++$v}: rc=$?" ) > "$out/logs/$(basename "$dgpo").log" 2>&1 &
+    done
+  fi
+  evaluate "kd$tag@$mixture=$kd_model"
   [[ ${EVAL_TEACHER:-1} == 0 ]] || evaluate "teacher@$mixture=$teacher/checkpoints/last"
   wait
-  [ ! -d "$dgpo/checkpoints/best" ] || evaluate "dgpo$tag@$mixture=$dgpo/checkpoints/best"
-  if [[ ${PACK:-0} == 1 ]]; then
-    mkdir -p out/pack && cp -r "$kd/checkpoints/best/adapter" "out/pack/$(basename "$kd")-adapter"
-    if [ -d "$dgpo/checkpoints/best" ]; then bash bench/factbook_rows.sh pack "$dgpo/checkpoints/best"; fi
+  if [[ ${PACK:-0} == 1 && -z ${KD_ADAPTER:-} ]]; then
+    mkdir -p "$out/pack" && cp -r "$kd_adapter" "$out/pack/$(basename "$kd")-adapter"
   fi
+  for v in "${variants[@]}"; do
+    local dgpo=$out/runs/worlds-dgpo$lora-$mixture$tag${v:++$v}
+    [ -d "$dgpo/checkpoints/best" ] || continue
+    evaluate "dgpo$lora$tag${v:++$v}@$mixture=$dgpo/checkpoints/best"
+    [[ ${PACK:-0} == 1 ]] || continue
+    if [[ -n $lora ]]; then   # the adapter is the student (15 MiB at 24 layers); else GGUF pieces
+      mkdir -p "$out/pack" && rm -rf "$out/pack/$(basename "$dgpo")-adapter" \
+        && cp -r "$dgpo/checkpoints/best/adapter" "$out/pack/$(basename "$dgpo")-adapter"
+    else
+      bash bench/factbook_rows.sh pack "$dgpo/checkpoints/best"
+    fi
+  done
 }
 
 gpus=(${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true)})

@@ -146,3 +146,70 @@ def test_a_mix_tag_with_other_characters_or_a_depths_name_is_refused(work, tag):
     # 24l: worlds-kd-all-24l would be both the 24-layer run of `all` and the 15-layer one of `all-24l`
     done = run_lane(work, MIX_TAG=tag)
     assert done.returncode == 2 and "MIX_TAG" in done.stderr
+
+
+@pytest.fixture
+def adapter(tmp_path):
+    folder = tmp_path / "shipped-adapter"
+    folder.mkdir()
+    (folder / "adapter_model.safetensors").write_bytes(b"lora weights")
+    return folder
+
+
+def test_kd_adapter_and_dgpo_variants_train_the_adapter_side_by_side(work, adapter):
+    """KD_ADAPTER: no KD run, the adapter merged once for the evaluations; DGPO_START=adapter: DGPO
+    trains that adapter (LoRA over the pruned base); DGPO_VARIANTS: one run per variant with its own
+    overrides, each best checkpoint scored and (PACK=1) its adapter copied where a lease returns it."""
+    out = work / "out"
+    done = out / "runs" / "worlds-dgpo-lora-all-24l+slow"     # one variant finished already
+    (done / "checkpoints" / "best" / "adapter").mkdir(parents=True)
+    (done / "checkpoints" / "best" / "adapter" / "adapter_model.safetensors").write_bytes(b"rl")
+    (done / "summary.json").write_text("{}")
+    calls = lane(work, KD_ADAPTER=str(adapter), DGPO_START="adapter", DGPO_VARIANTS="slow fast",
+                 VARIANT_slow="optim.lr=5e-5", VARIANT_fast="optim.lr=2e-4 ppo.micro_batch=16",
+                 DGPO_MINUTES="5", STUDENT_LAYERS="24", PACK="1", EVAL_WORLDS="factbook")
+    student = out / "models" / "smollm2-135m-24l"
+    digest = __import__("hashlib").sha256(b"lora weights").hexdigest()[:12]
+    merged = out / "models" / f"kd-start-{digest}"
+    assert not any(" train kd " in c for c in calls)
+    assert [c for c in calls if " model merge " in c] == [
+        f"-m dgpo_edge model merge {student} --adapter {adapter} --out {merged}"]
+    trained = [c.split() for c in calls if " train dgpo " in c]
+    assert len(trained) == 1                                   # the finished variant is skipped
+    args = trained[0]
+    assert f"run.out_dir={out / 'runs' / 'worlds-dgpo-lora-all-24l+fast'}" in args
+    assert f"model.path={student}" in args and f"lora.init_from={adapter}" in args
+    assert args[-2:] == ["optim.lr=2e-4", "ppo.micro_batch=16"]   # the variant's overrides come last
+    scored = evaluations(calls)
+    assert ("kd-24l@all", "factbook", "test") in scored
+    assert [m for m, w, _ in scored if m.startswith("dgpo")] == ["dgpo-lora-24l+slow@all"] * 2
+    kd_eval = next(c for c in calls if "kd-24l@all=" in c)
+    assert f"kd-24l@all={merged}" in kd_eval
+    assert (out / "pack" / "worlds-dgpo-lora-all-24l+slow-adapter" / "adapter_model.safetensors").read_bytes() == b"rl"
+    assert not (out / "pack" / "worlds-kd-all-24l-adapter").exists()   # KD_ADAPTER was not trained here
+
+
+def test_a_deadline_that_has_passed_starts_no_dgpo(work):
+    calls = lane(work, DGPO_MINUTES="10", DEADLINE="1")
+    assert not any(" train dgpo " in c for c in calls)
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"DGPO_VARIANTS": "lr1"}, "VARIANT_lr1"),
+    ({"DGPO_VARIANTS": "Lr1", "VARIANT_Lr1": "optim.lr=1"}, "DGPO_VARIANTS"),
+    ({"DGPO_START": "lora"}, "DGPO_START"),
+    ({"KD_ADAPTER": "/nonexistent/adapter"}, "KD_ADAPTER"),
+])
+def test_bad_dgpo_settings_are_refused_before_anything_runs(work, env, needle):
+    done = run_lane(work, **env)
+    assert done.returncode == 2 and needle in done.stderr
+    assert not (work / "calls.log").exists()
+
+
+def test_a_dgpo_variants_run_of_a_mixture_that_is_gone_is_refused(work):
+    out = work / "out"
+    (out / "worlds-mix" / "all" / "manifest.json").unlink()
+    shutil.rmtree(out / "runs")
+    (out / "runs" / "worlds-dgpo-lora-all-24l+fast").mkdir(parents=True)
+    done = run_lane(work)
+    assert done.returncode == 2 and "worlds-dgpo-lora-all-24l+fast" in done.stderr
