@@ -30,5 +30,11 @@ done
 tar czf "$OUT/results.tgz" -C "$(dirname "$r")" results
 # KD adapters that bench/worlds_loo.sh PACK=1 left in out/pack, one file each: a 24-layer LoRA r=32 is about
 # 15 MiB; a 30-layer one (about 18.6 MiB) is over a call's 16 MiB limit and would not come back.
-for d in out/pack/*-adapter; do [ -d "$d" ] && tar czf "$OUT/$(basename "$d").tgz" -C out/pack "$(basename "$d")"; done
+# The file's name keeps only letters, digits, '.', '_' and '-': a device call leaves out a file named
+# otherwise (a DGPO variant's run, worlds-dgpo-lora-all-24l+lr5e5, comes back as ..._lr5e5-adapter.tgz;
+# the folder inside keeps its name).
+for d in out/pack/*-adapter; do
+  name=$(basename "$d")
+  [ -d "$d" ] && tar czf "$OUT/${name//[^A-Za-z0-9._-]/_}.tgz" -C out/pack "$name"
+done
 ls -l "$OUT"

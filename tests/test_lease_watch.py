@@ -1,0 +1,38 @@
+"""bench/lease/watch.sh on a copy of the lease's layout (no GPU: nvidia-smi is absent here): what a
+watch call leaves in $OUT for the device call to return."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_watch_returns_results_and_each_adapter_under_a_name_a_call_returns(tmp_path):
+    tree = tmp_path / "checkout"
+    (tree / "bench" / "lease").mkdir(parents=True)
+    shutil.copy(ROOT / "bench" / "lease" / "watch.sh", tree / "bench" / "lease" / "watch.sh")
+    run = tree / "out" / "runs" / "worlds-dgpo-lora-all-24l+lr5e5"
+    run.mkdir(parents=True)
+    (run / "eval.csv").write_text("step,dev_em\n40,0.78\n")
+    adapter = tree / "out" / "pack" / "worlds-dgpo-lora-all-24l+lr5e5-adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora")
+    (tree / "out" / "logs").mkdir()
+    (tree / "out" / "logs" / "rl-dgpo-s0.log").write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
+    returned = tmp_path / "returned"
+    returned.mkdir()
+    done = subprocess.run(["bash", str(tree / "bench" / "lease" / "watch.sh"), "0"], capture_output=True, text=True,
+                          env={**os.environ, "OUT": str(returned)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "!! out/logs/rl-dgpo-s0.log: RuntimeError: boom" in done.stdout
+    # '+' is not a name a device call returns: the file is renamed, the folder inside is not
+    assert sorted(p.name for p in returned.iterdir()) == ["results.tgz", "worlds-dgpo-lora-all-24l_lr5e5-adapter.tgz"]
+    with tarfile.open(returned / "worlds-dgpo-lora-all-24l_lr5e5-adapter.tgz") as tgz:
+        assert "worlds-dgpo-lora-all-24l+lr5e5-adapter/adapter_model.safetensors" in tgz.getnames()
+    with tarfile.open(returned / "results.tgz") as tgz:
+        assert "results/worlds-dgpo-lora-all-24l+lr5e5.eval.csv" in tgz.getnames()
