@@ -141,6 +141,7 @@ pack)  # what the laptop needs, in pieces a device call can return (at most 8 fi
   if [ -d "$name" ]; then  # a checkpoint folder RUN/checkpoints/CKPT: the pieces are named RUN-CKPT
     dir=$name; name=$(basename "$(dirname "$(dirname "$dir")")")-$(basename "$dir")
   fi
+  name=${name//[^A-Za-z0-9._-]/_}   # a device call returns no file named otherwise (a variant's run+NAME)
   file=$name.$quant.gguf
   mkdir -p out/pack
   "${de[@]}" export gguf "$dir" --out "out/pack/$file" --quant "$quant" --no-verify

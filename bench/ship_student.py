@@ -1,4 +1,4 @@
-"""A student folder the bundle can serve (student.json + adapter/, docs/bundles.md) from a KD adapter,
+"""A student folder the bundle can serve (student.json + adapter/, docs/bundles.md) from a KD or RL run's adapter,
 e.g. one a lease brought back (bench/lease/watch.sh: worlds-kd-all-24l-adapter.tgz).
 
     python bench/ship_student.py out/pack/worlds-kd-all-24l-adapter --name worlds-kd-24l-lora-r32 \
@@ -72,7 +72,7 @@ def ship(args: argparse.Namespace) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("adapter", type=Path, help="the KD run's adapter folder (checkpoints/best/adapter)")
+    ap.add_argument("adapter", type=Path, help="a KD or RL run's adapter folder (checkpoints/best/adapter)")
     ap.add_argument("--name", required=True, help="the student's name (in the bundle and the GGUF's file name)")
     ap.add_argument("--trained", type=Path, required=True, help="JSON object: recipe, card, commit, date, gpu_em")
     ap.add_argument("--out", type=Path, required=True, help="the student folder to write")

@@ -17,13 +17,13 @@
 # WEIGHTS: relative weights of every world; the held-out one is dropped from its mixture (with every
 # NAME@SEED entry of it: `notes@2=0.1` adds the notes world built with seed 2, other people). notes@1
 # is refused: seed 1 is notes-s1, the unseen notes every model is scored on.
-# DGPO_MINUTES (10; 0: no DGPO), WORK_DIR (out; not OUT, which the GPU machine sets for returned files),
+# DGPO_MINUTES (10, whole minutes; 0: no DGPO), WORK_DIR (out; not OUT, which the GPU machine sets for returned files),
 # WORLDS_DIR ($WORK_DIR/worlds), RESULTS
 # (bench/results/worlds.json), MIX_ARGS (more `data mix` options), MIX_TAG (appended to the mixture's name and so to
 # its runs' and rows': MIX_TAG=records mixes notes-out-records, an experiment beside notes-out in one WORK_DIR),
 # SFT_ARGS / KD_ARGS / DGPO_ARGS
 # (more key=value overrides), EVAL_LIMIT (first N test questions), PACK (1: the DGPO student as a Q8_0
-# GGUF in 15 MiB pieces under out/pack, and the KD adapter copied to $WORK_DIR/pack, so they can leave a lease:
+# GGUF in 15 MiB pieces under out/pack, and the KD adapter copied there, so they can leave a lease:
 # bench/factbook_rows.sh pack/unpack), PREP_STUDENT (1: convert and prune
 # the student when absent), STUDENT_LAYERS (15, so that the first runs keep their names; the shipped student is 24: the student's depth, of SmolLM2's 30; runs of another
 # depth are named ...-LLl, e.g. worlds-kd-notes-out-24l, and their rows kd-24l, dgpo-24l), SMOL_GGUF,
@@ -38,10 +38,13 @@
 # which was trained on `all`: the lane's KD student, merged once into $WORK_DIR/models/kd-start-DIGEST as
 # bench/factbook_rows.sh names it, instead of training one), DGPO_START (merged; adapter: DGPO trains the KD
 # adapter itself, LoRA over the pruned base, so its checkpoints/best/adapter is a student the bundle ships
-# and PACK=1 copies it to $WORK_DIR/pack; run worlds-dgpo-lora-..., rows dgpo-lora...), DGPO_VARIANTS (names of DGPO
+# and PACK=1 copies it to out/pack; run worlds-dgpo-lora-..., rows dgpo-lora...), DGPO_VARIANTS (names of DGPO
 # runs side by side on the lane's GPU, each with the overrides in VARIANT_<name> as in bench/factbook_lanes.sh:
-# run worlds-dgpo-MIXTURE+NAME, row dgpo+NAME@MIXTURE; e.g. learning rates to choose on the mixture's dev
-# split), DEADLINE (epoch seconds: DGPO stops then, if before DGPO_MINUTES are up).
+# run worlds-dgpo[-lora]-MIXTURE[-NNl]+NAME, row dgpo[-lora][-NNl]+NAME@MIXTURE; e.g. learning rates to choose
+# on the mixture's dev split), DEADLINE (epoch seconds: DGPO stops then, if before DGPO_MINUTES are up),
+# PACK_DIR (out/pack: where the adapters are copied, and where bench/lease/watch.sh looks). A lane's KD rows and DGPO runs are named after its
+# mixture and depth, not after where its KD student came from: a rerun whose KD student is another
+# (KD_ADAPTER given or not, or another adapter) than the one those rows and runs started from is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 held=("$@")
@@ -70,9 +73,12 @@ for v in "${dgpo_variants[@]}"; do
 done
 [[ ${DGPO_START:-merged} =~ ^(merged|adapter)$ ]] \
   || { echo "error: DGPO_START '$DGPO_START': merged or adapter" >&2; exit 2; }
-if [[ -n ${KD_ADAPTER:-} && ! -f ${KD_ADAPTER:-}/adapter_model.safetensors ]]; then
-  echo "error: KD_ADAPTER $KD_ADAPTER: no adapter_model.safetensors there" >&2; exit 2
-fi
+for f in adapter_model.safetensors adapter_config.json; do   # what lora.init_from reads
+  if [[ -n ${KD_ADAPTER:-} && ! -f ${KD_ADAPTER:-}/$f ]]; then echo "error: KD_ADAPTER $KD_ADAPTER: no $f there" >&2; exit 2; fi
+done
+[[ ${DGPO_MINUTES:-10} =~ ^[0-9]+$ ]] || { echo "error: DGPO_MINUTES '$DGPO_MINUTES': whole minutes" >&2; exit 2; }
+[[ ${DEADLINE:-0} =~ ^[0-9]+$ ]] || { echo "error: DEADLINE '$DEADLINE': seconds since the epoch (date +%s)" >&2; exit 2; }
+pack_dir=${PACK_DIR:-out/pack}
 
 layers=${STUDENT_LAYERS:-15}
 student=$out/models/smollm2-135m-${layers}l
@@ -115,6 +121,29 @@ leftovers() {  # MIXTURE: the runs and evaluation files named after this mixture
 mixture_of() {  # HELD_OUT: the mixture's name (none: all)
   if [[ $1 == none ]]; then echo "all${MIX_TAG:+-$MIX_TAG}"; else echo "$1-out${MIX_TAG:+-$MIX_TAG}"; fi
 }
+kd_start() {  # MIXTURE: the lane's KD student as "MODEL ADAPTER": KD_ADAPTER merged, or the KD run's best
+  if [[ -n ${KD_ADAPTER:-} ]]; then
+    echo "$out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12) $KD_ADAPTER"
+  else
+    echo "$out/runs/worlds-kd-$1$tag/checkpoints/best $out/runs/worlds-kd-$1$tag/checkpoints/best/adapter"
+  fi
+}
+# The KD rows and DGPO runs of a lane are named after its mixture and depth only: a rerun from another KD
+# student would skip them as done (or resume DGPO from the other start). Each says where it started.
+other_start() {  # MIXTURE: the KD rows and DGPO runs of this lane that started from another KD student
+  local f d model adapter
+  read -r model adapter <<< "$(kd_start "$1")"
+  for f in "$out"/worlds-eval/*.jsonl; do
+    [ -f "$f" ] && grep "^{\"method\": \"kd$tag@$1\"" "$f" | grep -qvF "\"model\": \"$model\"" && echo "$f"
+  done
+  for d in "$out/runs/worlds-dgpo-$1$tag" "$out/runs/worlds-dgpo-$1$tag+"*; do
+    [ -f "$d/config.yaml" ] && ! grep -qxF "  path: $model" "$d/config.yaml" && echo "$d"
+  done
+  for d in "$out/runs/worlds-dgpo-lora-$1$tag" "$out/runs/worlds-dgpo-lora-$1$tag+"*; do
+    [ -f "$d/config.yaml" ] && ! grep -qxF "  init_from: $adapter" "$d/config.yaml" && echo "$d"
+  done
+  return 0
+}
 for h in "${held[@]}"; do   # before any lane starts
   mixture=$(mixture_of "$h")
   stale=$([ -f "$out/worlds-mix/$mixture/manifest.json" ] || leftovers "$mixture")
@@ -122,6 +151,12 @@ for h in "${held[@]}"; do   # before any lane starts
     echo "error: $out/worlds-mix/$mixture has no mixture, but runs or rows of one named $mixture are left" \
       "(made from another build of it?): remove them too, or give this experiment its own MIX_TAG or" \
       "WORK_DIR:" $stale >&2
+    exit 2
+  fi
+  other=$(other_start "$mixture")
+  if [ -n "$other" ]; then
+    echo "error: these KD rows or DGPO runs of $mixture started from another KD student than this run's" \
+      "(${KD_ADAPTER:-the KD run here}): remove them, or give this experiment its own MIX_TAG or WORK_DIR:" $other >&2
     exit 2
   fi
 done
@@ -145,10 +180,9 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
   # The teacher is measured on whole test splits below, so no dev evaluation inside its run.
   [ -f "$teacher/summary.json" ] || "${de[@]}" train sft --config train/configs/worlds-teacher-sft.yaml \
     run.out_dir="$teacher" "${data[@]}" data.dev=null log.progress=false ${SFT_ARGS:-}
-  local kd_model=$kd/checkpoints/best kd_adapter=$kd/checkpoints/best/adapter
+  local kd_model kd_adapter
+  read -r kd_model kd_adapter <<< "$(kd_start "$mixture")"
   if [[ -n ${KD_ADAPTER:-} ]]; then   # a KD student trained before: merged once, for the evaluations
-    kd_adapter=$KD_ADAPTER
-    kd_model=$out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12)
     [ -d "$kd_model" ] || "${de[@]}" model merge "$student" --adapter "$KD_ADAPTER" --out "$kd_model"
   elif [ ! -f "$kd/summary.json" ]; then
     "${de[@]}" train kd --config train/configs/worlds-kd.yaml run.out_dir="$kd" model.path="$student" \
@@ -161,12 +195,13 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
   [ ${#variants[@]} -gt 0 ] || variants=("")
   local minutes=${DGPO_MINUTES:-10} v
   if [[ $minutes != 0 ]]; then  # cut at the time limit (status 124); its best dev checkpoint is evaluated
-    local seconds=$(( minutes * 60 ))
-    [[ -z ${DEADLINE:-} ]] || seconds=$(( DEADLINE - $(date +%s) < seconds ? DEADLINE - $(date +%s) : seconds ))
+    local seconds=$(( 10#$minutes * 60 )) left
+    if [[ -n ${DEADLINE:-} ]]; then left=$(( 10#$DEADLINE - $(date +%s) )); (( left > seconds )) || seconds=$left; fi
+    (( seconds > 0 )) || log "dgpo $h: not started, DEADLINE has passed"
     for v in "${variants[@]}"; do
       local dgpo=$out/runs/worlds-dgpo$lora-$mixture$tag${v:++$v} extra=()
       [[ -z $v ]] || read -ra extra <<< "$(printenv "VARIANT_$v")"
-      ( [ -f "$dgpo/summary.json" ] || [ "$seconds" -le 60 ] || timeout --signal=TERM "$seconds" "${de[@]}" train dgpo \
+      ( [ -f "$dgpo/summary.json" ] || [ "$seconds" -le 0 ] || timeout --signal=TERM "$seconds" "${de[@]}" train dgpo \
           --config train/configs/worlds-dgpo.yaml run.out_dir="$dgpo" "${start[@]}" \
           teacher.path="$teacher/checkpoints/last" data.train="$mix/train.jsonl" data.dev="$mix/dev.jsonl" \
           data.retriever="$mix/corpus.jsonl" eval.at_start=false log.save_every=10 log.progress=false \
@@ -177,7 +212,8 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
   [[ ${EVAL_TEACHER:-1} == 0 ]] || evaluate "teacher@$mixture=$teacher/checkpoints/last"
   wait
   if [[ ${PACK:-0} == 1 && -z ${KD_ADAPTER:-} ]]; then
-    mkdir -p "$out/pack" && cp -r "$kd_adapter" "$out/pack/$(basename "$kd")-adapter"
+    mkdir -p "$pack_dir" && rm -rf "$pack_dir/$(basename "$kd")-adapter" \
+      && cp -r "$kd_adapter" "$pack_dir/$(basename "$kd")-adapter"
   fi
   for v in "${variants[@]}"; do
     local dgpo=$out/runs/worlds-dgpo$lora-$mixture$tag${v:++$v}
@@ -185,8 +221,8 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
     evaluate "dgpo$lora$tag${v:++$v}@$mixture=$dgpo/checkpoints/best"
     [[ ${PACK:-0} == 1 ]] || continue
     if [[ -n $lora ]]; then   # the adapter is the student (15 MiB at 24 layers); else GGUF pieces
-      mkdir -p "$out/pack" && rm -rf "$out/pack/$(basename "$dgpo")-adapter" \
-        && cp -r "$dgpo/checkpoints/best/adapter" "$out/pack/$(basename "$dgpo")-adapter"
+      mkdir -p "$pack_dir" && rm -rf "$pack_dir/$(basename "$dgpo")-adapter" \
+        && cp -r "$dgpo/checkpoints/best/adapter" "$pack_dir/$(basename "$dgpo")-adapter"
     else
       bash bench/factbook_rows.sh pack "$dgpo/checkpoints/best"
     fi

@@ -75,3 +75,28 @@ def test_bad_requests_get_one_error_and_status_2(machine, tmp_path, args, needs_
     assert done.returncode == 2
     assert says in done.stderr
     assert not list(out.iterdir())   # nothing copied
+
+
+def test_pack_names_a_variants_checkpoint_so_that_a_call_returns_its_pieces(tmp_path):
+    """`factbook_rows.sh pack RUN/checkpoints/best` names the pieces RUN-best; a run of a DGPO variant
+    (worlds-dgpo-all-24l+lr5e5) has a '+', which a device call refuses in a file's name."""
+    (tmp_path / "bench" / "lease").mkdir(parents=True)
+    shutil.copy(ROOT / "bench" / "factbook_rows.sh", tmp_path / "bench")
+    shutil.copy(ROOT / "bench" / "lease" / "bring.sh", tmp_path / "bench" / "lease")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora")
+    exporter = tmp_path / "python"   # stands in for `python -m dgpo_edge export gguf DIR --out FILE ...`
+    exporter.write_text('#!/bin/sh\nwhile [ "$1" != --out ]; do shift; done\nhead -c 40000000 /dev/zero > "$2"\n')
+    exporter.chmod(0o755)
+    best = tmp_path / "out" / "runs" / "worlds-dgpo-all-24l+lr5e5" / "checkpoints" / "best"
+    best.mkdir(parents=True)
+    done = subprocess.run(["bash", str(tmp_path / "bench" / "factbook_rows.sh"), "pack", str(best)],
+                          env={**os.environ, "PYTHON": str(exporter), "KD_ADAPTER": str(adapter)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    name = "worlds-dgpo-all-24l_lr5e5-best"
+    assert sorted(p.name for p in (tmp_path / "out" / "pack").iterdir()) == [
+        f"{name}.q8_0.gguf.part00", f"{name}.q8_0.gguf.part01", f"{name}.q8_0.gguf.part02", f"{name}.q8_0.gguf.sha256"]
+    listed = bring(tmp_path, name)
+    assert listed.returncode == 0 and "call 1 of 1" in listed.stdout

@@ -153,6 +153,7 @@ def adapter(tmp_path):
     folder = tmp_path / "shipped-adapter"
     folder.mkdir()
     (folder / "adapter_model.safetensors").write_bytes(b"lora weights")
+    (folder / "adapter_config.json").write_text("{}")
     return folder
 
 
@@ -167,7 +168,8 @@ def test_kd_adapter_and_dgpo_variants_train_the_adapter_side_by_side(work, adapt
     (done / "summary.json").write_text("{}")
     calls = lane(work, KD_ADAPTER=str(adapter), DGPO_START="adapter", DGPO_VARIANTS="slow fast",
                  VARIANT_slow="optim.lr=5e-5", VARIANT_fast="optim.lr=2e-4 ppo.micro_batch=16",
-                 DGPO_MINUTES="5", STUDENT_LAYERS="24", PACK="1", EVAL_WORLDS="factbook")
+                 DGPO_MINUTES="5", STUDENT_LAYERS="24", PACK="1", PACK_DIR=str(work / "pack"),
+                 EVAL_WORLDS="factbook")
     student = out / "models" / "smollm2-135m-24l"
     digest = __import__("hashlib").sha256(b"lora weights").hexdigest()[:12]
     merged = out / "models" / f"kd-start-{digest}"
@@ -185,8 +187,13 @@ def test_kd_adapter_and_dgpo_variants_train_the_adapter_side_by_side(work, adapt
     assert [m for m, w, _ in scored if m.startswith("dgpo")] == ["dgpo-lora-24l+slow@all"] * 2
     kd_eval = next(c for c in calls if "kd-24l@all=" in c)
     assert f"kd-24l@all={merged}" in kd_eval
-    assert (out / "pack" / "worlds-dgpo-lora-all-24l+slow-adapter" / "adapter_model.safetensors").read_bytes() == b"rl"
-    assert not (out / "pack" / "worlds-kd-all-24l-adapter").exists()   # KD_ADAPTER was not trained here
+    packed = work / "pack" / "worlds-dgpo-lora-all-24l+slow-adapter"
+    assert (packed / "adapter_model.safetensors").read_bytes() == b"rl"
+    assert not (work / "pack" / "worlds-kd-all-24l-adapter").exists()   # KD_ADAPTER was not trained here
+    # a second run replaces what it packed (cp -r into an existing folder would nest a copy inside)
+    lane(work, KD_ADAPTER=str(adapter), DGPO_START="adapter", DGPO_VARIANTS="slow", VARIANT_slow="optim.lr=5e-5",
+         DGPO_MINUTES="5", STUDENT_LAYERS="24", PACK="1", PACK_DIR=str(work / "pack"), EVAL_WORLDS="factbook")
+    assert sorted(p.name for p in packed.iterdir()) == ["adapter_model.safetensors"]
 
 
 def test_a_deadline_that_has_passed_starts_no_dgpo(work):
@@ -199,6 +206,8 @@ def test_a_deadline_that_has_passed_starts_no_dgpo(work):
     ({"DGPO_VARIANTS": "Lr1", "VARIANT_Lr1": "optim.lr=1"}, "DGPO_VARIANTS"),
     ({"DGPO_START": "lora"}, "DGPO_START"),
     ({"KD_ADAPTER": "/nonexistent/adapter"}, "KD_ADAPTER"),
+    ({"DGPO_MINUTES": "0.5"}, "DGPO_MINUTES"),
+    ({"DEADLINE": "12:00"}, "DEADLINE"),
 ])
 def test_bad_dgpo_settings_are_refused_before_anything_runs(work, env, needle):
     done = run_lane(work, **env)
@@ -213,3 +222,23 @@ def test_a_dgpo_variants_run_of_a_mixture_that_is_gone_is_refused(work):
     (out / "runs" / "worlds-dgpo-lora-all-24l+fast").mkdir(parents=True)
     done = run_lane(work)
     assert done.returncode == 2 and "worlds-dgpo-lora-all-24l+fast" in done.stderr
+
+
+def test_a_rerun_from_another_kd_student_is_refused(work, adapter):
+    """The KD rows and DGPO runs name the mixture and depth, not the KD student: a lane that trained
+    its KD student, rerun with KD_ADAPTER (or the other way round), would skip them as done."""
+    out = work / "out"
+    (out / "worlds-eval").mkdir()
+    rows = out / "worlds-eval" / "factbook.jsonl"
+    rows.write_text(f'{{"method": "kd@all", "split": "test", "model": "{out}/runs/worlds-kd-all/checkpoints/best"}}\n')
+    assert run_lane(work).returncode == 0                       # the same KD student: fine
+    done = run_lane(work, KD_ADAPTER=str(adapter))
+    assert done.returncode == 2 and str(rows) in done.stderr and "another KD student" in done.stderr
+    rows.unlink()
+    dgpo = out / "runs" / "worlds-dgpo-lora-all+lr1"
+    dgpo.mkdir(parents=True)
+    (dgpo / "config.yaml").write_text(f"model:\n  path: {out}/models/smollm2-135m\nlora:\n  init_from: /elsewhere\n")
+    done = run_lane(work, KD_ADAPTER=str(adapter))
+    assert done.returncode == 2 and str(dgpo) in done.stderr
+    (dgpo / "config.yaml").write_text(f"model:\n  path: {out}/models/smollm2-135m\nlora:\n  init_from: {adapter}\n")
+    assert run_lane(work, KD_ADAPTER=str(adapter)).returncode == 0   # its own start: resumed, not refused
