@@ -25,7 +25,11 @@
 # (e.g. for learning-rate variants). The KD start is KD_ADAPTER merged into its base, so a lease
 # spends no time on KD (bench/factbook_rl.sh prep trains one from scratch instead). KD_ADAPTER
 # defaults to the adapter the default bundle ships (dgpo_edge/bundle/shipped/adapter), today the
-# 24-layer all-worlds KD student (docs/worlds.md; the 15-layer one shipped until commit f7b6397,
+# 24-layer all-worlds student trained further by DGPO (docs/worlds.md, "DGPO ships"). The 24-layer
+# all-worlds KD student that the 24-layer Table 1 rows started from shipped from 9415af1 to ba04eb7:
+#   git archive ba04eb7 dgpo_edge/bundle/shipped/adapter | tar x -C /tmp/kd24
+#   KD_ADAPTER=/tmp/kd24/dgpo_edge/bundle/shipped/adapter bench/factbook_rows.sh start
+# (the 15-layer one shipped until commit f7b6397,
 # STUDENT_LAYERS=15 with its adapter from `git archive f7b6397`); the FactbookQA-only KD student that the RL rows in
 # docs/benchmarks.md started from (train/configs/factbook-kd.yaml) shipped until commit b4dfacb:
 #   git archive b4dfacb dgpo_edge/bundle/shipped/adapter | tar x -C /tmp/fbkd

@@ -34,8 +34,8 @@
 # WEIGHTS), EVAL_TEACHER (0: skip the teacher's evaluations, e.g. in a second lane of another depth on the same
 # mixture, started once the first lane's teacher is trained), COLLECT (0: leave the rows in
 # worlds-eval/ without writing RESULTS, for a driver that runs several of these at once and collects once),
-# KD_ADAPTER (a KD adapter trained at STUDENT_LAYERS, e.g. the shipped dgpo_edge/bundle/shipped/adapter,
-# which was trained on `all`: the lane's KD student, merged once into $WORK_DIR/models/kd-start-DIGEST as
+# KD_ADAPTER (a KD adapter trained at STUDENT_LAYERS, e.g. the 24-layer KD student trained on `all` that
+# shipped until ba04eb7, `git archive ba04eb7 dgpo_edge/bundle/shipped/adapter`: the lane's KD student, merged once into $WORK_DIR/models/kd-start-DIGEST as
 # bench/factbook_rows.sh names it, instead of training one), DGPO_START (merged; adapter: DGPO trains the KD
 # adapter itself, LoRA over the pruned base, so its checkpoints/best/adapter is a student the bundle ships
 # and PACK=1 copies it to out/pack; run worlds-dgpo-lora-..., rows dgpo-lora...), DGPO_VARIANTS (names of DGPO
