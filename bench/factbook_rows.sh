@@ -29,6 +29,7 @@
 # all-worlds KD student that the 24-layer Table 1 rows started from shipped from 9415af1 to ba04eb7:
 #   git archive ba04eb7 dgpo_edge/bundle/shipped/adapter | tar x -C /tmp/kd24
 #   KD_ADAPTER=/tmp/kd24/dgpo_edge/bundle/shipped/adapter bench/factbook_rows.sh start
+# (on a lease, bench/lease/prepare.sh's data call unpacks it as out/kd-start-adapter/dgpo_edge/bundle/shipped/adapter)
 # (the 15-layer one shipped until commit f7b6397,
 # STUDENT_LAYERS=15 with its adapter from `git archive f7b6397`); the FactbookQA-only KD student that the RL rows in
 # docs/benchmarks.md started from (train/configs/factbook-kd.yaml) shipped until commit b4dfacb:

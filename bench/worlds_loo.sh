@@ -42,7 +42,7 @@
 # runs side by side on the lane's GPU, each with the overrides in VARIANT_<name> as in bench/factbook_lanes.sh:
 # run worlds-dgpo[-lora]-MIXTURE[-NNl]+NAME, row dgpo[-lora][-NNl]+NAME@MIXTURE; e.g. learning rates to choose
 # on the mixture's dev split), DEADLINE (epoch seconds: DGPO stops then, if before DGPO_MINUTES are up),
-# PACK_DIR (out/pack: where the adapters are copied, and where bench/lease/watch.sh looks). A lane's KD rows and DGPO runs are named after its
+# PACK_DIR (out/pack: where the adapters are copied; bench/lease/watch.sh brings back what is in out/pack). A lane's KD rows and DGPO runs are named after its
 # mixture and depth, not after where its KD student came from: a rerun whose KD student is another
 # (KD_ADAPTER given or not, or another adapter) than the one those rows and runs started from is refused.
 set -euo pipefail

