@@ -161,6 +161,10 @@ for h in "${held[@]}"; do   # before any lane starts
   fi
 done
 
+pack_adapter() {  # ADAPTER_DIR NAME: copied to PACK_DIR/NAME-adapter, replacing an earlier copy (cp -r would nest in it)
+  mkdir -p "$pack_dir" && rm -rf "$pack_dir/$2-adapter" && cp -r "$1" "$pack_dir/$2-adapter"
+}
+
 lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD and teacher evaluations
   local h=$1 mixture hold=(--hold-out "$1")
   mixture=$(mixture_of "$h")
@@ -193,13 +197,15 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
   if [[ ${DGPO_START:-merged} == adapter ]]; then lora=-lora; start=(model.path="$student" lora.init_from="$kd_adapter"); fi
   variants=("${dgpo_variants[@]}")
   [ ${#variants[@]} -gt 0 ] || variants=("")
+  local -A run_of=()   # variant ("": none) -> its DGPO run folder
+  for v in "${variants[@]}"; do run_of[${v:-_}]=$out/runs/worlds-dgpo$lora-$mixture$tag${v:++$v}; done
   local minutes=${DGPO_MINUTES:-10} v
   if [[ $minutes != 0 ]]; then  # cut at the time limit (status 124); its best dev checkpoint is evaluated
     local seconds=$(( 10#$minutes * 60 )) left
     if [[ -n ${DEADLINE:-} ]]; then left=$(( 10#$DEADLINE - $(date +%s) )); (( left > seconds )) || seconds=$left; fi
     (( seconds > 0 )) || log "dgpo $h: not started, DEADLINE has passed"
     for v in "${variants[@]}"; do
-      local dgpo=$out/runs/worlds-dgpo$lora-$mixture$tag${v:++$v} extra=()
+      local dgpo=${run_of[${v:-_}]} extra=()
       [[ -z $v ]] || read -ra extra <<< "$(printenv "VARIANT_$v")"
       ( [ -f "$dgpo/summary.json" ] || [ "$seconds" -le 0 ] || timeout --signal=TERM "$seconds" "${de[@]}" train dgpo \
           --config train/configs/worlds-dgpo.yaml run.out_dir="$dgpo" "${start[@]}" \
@@ -211,18 +217,14 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
   evaluate "kd$tag@$mixture=$kd_model"
   [[ ${EVAL_TEACHER:-1} == 0 ]] || evaluate "teacher@$mixture=$teacher/checkpoints/last"
   wait
-  if [[ ${PACK:-0} == 1 && -z ${KD_ADAPTER:-} ]]; then
-    mkdir -p "$pack_dir" && rm -rf "$pack_dir/$(basename "$kd")-adapter" \
-      && cp -r "$kd_adapter" "$pack_dir/$(basename "$kd")-adapter"
-  fi
+  if [[ ${PACK:-0} == 1 && -z ${KD_ADAPTER:-} ]]; then pack_adapter "$kd_adapter" "$(basename "$kd")"; fi
   for v in "${variants[@]}"; do
-    local dgpo=$out/runs/worlds-dgpo$lora-$mixture$tag${v:++$v}
+    local dgpo=${run_of[${v:-_}]}
     [ -d "$dgpo/checkpoints/best" ] || continue
     evaluate "dgpo$lora$tag${v:++$v}@$mixture=$dgpo/checkpoints/best"
     [[ ${PACK:-0} == 1 ]] || continue
     if [[ -n $lora ]]; then   # the adapter is the student (15 MiB at 24 layers); else GGUF pieces
-      mkdir -p "$pack_dir" && rm -rf "$pack_dir/$(basename "$dgpo")-adapter" \
-        && cp -r "$dgpo/checkpoints/best/adapter" "$pack_dir/$(basename "$dgpo")-adapter"
+      pack_adapter "$dgpo/checkpoints/best/adapter" "$(basename "$dgpo")"
     else
       bash bench/factbook_rows.sh pack "$dgpo/checkpoints/best"
     fi

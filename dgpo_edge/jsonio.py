@@ -89,10 +89,13 @@ def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str 
         raise InputError(f"exists and is not {what}; refusing to replace it", out)
 
 
-def check_holds_only(out: Path, allowed: Iterable[str], what: str, fix: str) -> set[str]:
+def check_holds_only(out: Path, allowed: Iterable[str], what: str, fix: str,
+                     first: tuple[str, str] | None = None, alone: Iterable[str] = ()) -> set[str]:
     """Refuse a file, or a folder holding a visible name outside `allowed`: an output folder given by
     mistake, whose files a writer would mix with its own or replace. Returns the visible names.
-    Hidden names are left alone: a lock, a killed write's .NAME.*.tmp, a Finder .DS_Store."""
+    Hidden names are left alone: a lock, a killed write's .NAME.*.tmp, a Finder .DS_Store.
+    `first` = (NAME, WRITER): the file WRITER writes before any other, so the others (but those in
+    `alone`) without it are someone else's files of the same names, refused too."""
     if out.exists() and not out.is_dir():
         raise InputError("the output path exists and is not a folder", out)
     names = {p.name for p in out.iterdir() if not p.name.startswith(".")} if out.is_dir() else set()
@@ -100,6 +103,12 @@ def check_holds_only(out: Path, allowed: Iterable[str], what: str, fix: str) -> 
     if foreign:
         more = ", ..." if len(foreign) > 3 else ""
         raise InputError(f"holds files that are not {what} ({', '.join(foreign[:3])}{more}); {fix}", out)
+    if first is not None:
+        name, writer = first
+        theirs = sorted(names - {name} - set(alone))
+        if theirs and name not in names:
+            raise InputError(f"holds {', '.join(theirs)} without the {name} {writer} writes first; refusing "
+                             "to replace them", out)
     return names
 
 

@@ -196,11 +196,8 @@ def check_run_dir(out: Path) -> None:
     its config, metrics and checkpoints there, and replaces or removes the files of those names."""
     if out.exists() and not out.is_dir():
         raise InputError("run.out_dir exists and is not a folder", out)
-    names = check_holds_only(out, RUN_FILES, "a training run's", "give run.out_dir a folder of its own")
-    theirs = sorted(names - {"config.yaml", "checkpoints"})
-    if theirs and "config.yaml" not in names:
-        raise InputError(f"holds {', '.join(theirs)} without the config.yaml a run writes first; refusing to "
-                         "replace them", out)
+    check_holds_only(out, RUN_FILES, "a training run's", "give run.out_dir a folder of its own",
+                     first=("config.yaml", "a run"), alone=("checkpoints",))
 
 
 def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = None) -> dict | None:

@@ -113,13 +113,9 @@ def _damaged(path: Path, lineno: int, what: str) -> InputError:
 def _check_own_folder(out: Path) -> None:
     """Refuse an --out that is a file or holds anything but an evaluation's files: they would be
     mixed in, or (--overwrite) someone's report.md or predictions.jsonl replaced."""
-    names = check_holds_only(out, {PREDICTIONS, RUN, REPORT_JSON, REPORT_MD}, "an evaluation's",
-                             "give it a folder of its own")
     # run.json is written before any prediction or report: without it, those files are someone else's
-    theirs = sorted(names & {PREDICTIONS, REPORT_JSON, REPORT_MD})
-    if theirs and RUN not in names:
-        raise InputError(f"holds {', '.join(theirs)} without the {RUN} an evaluation writes first; refusing "
-                         "to replace them", out)
+    check_holds_only(out, {PREDICTIONS, RUN, REPORT_JSON, REPORT_MD}, "an evaluation's",
+                     "give it a folder of its own", first=(RUN, "an evaluation"))
 
 
 def _check_run(out: Path, settings: dict[str, Any], overwrite: bool) -> None:
