@@ -24,8 +24,9 @@
 # a KD-loss row (kd_jsd:0, ...) at its end: out/runs/{rl,kd}-*/report.jsonl, collected into
 # out/eval/lanes-reports.jsonl when the rows stop, are the numbers to take home when the lease may
 # end before the final evaluations.
-# First, unless SKIP_PREP=1: `start`, then `teacher` on the first lane's GPU, beside the PPO and GRPO
-# rows (the teacher-free ones start at once; DGPO and its ablations wait for the teacher).
+# First, unless SKIP_PREP=1: `start`, then `teacher` on the first lane's GPU, beside the PPO, GRPO
+# and kd_sft rows (the teacher-free ones start at once; DGPO, its ablations and the KD-loss rows wait
+# for the teacher).
 # Once the teacher is trained, the references (REFS, default "teacher kd base": the teacher, the KD
 # start, the pruned base; REFS="" skips them) are evaluated on the test and dev splits on the first
 # lane's GPU, beside its rows: out/eval/lanes-ref.jsonl.
@@ -60,7 +61,7 @@ rows=bench/factbook_rows.sh
 mkdir -p out/logs out/eval
 gpus=()
 spec_re='[a-z_]+:[0-9]+(:[a-z0-9_]+)?'
-methods=" ppo dgpo grpo dgpo_grpo dgpo_all_rollouts dgpo_no_cold_start teacher_ppo kd_forward_kl kd_reverse_kl kd_jsd kd_seqkd "
+methods=" ppo dgpo grpo dgpo_grpo dgpo_all_rollouts dgpo_no_cold_start teacher_ppo kd_forward_kl kd_reverse_kl kd_jsd kd_seqkd kd_sft "
 seen=" "
 chain_re="$spec_re(\\+$spec_re)*"
 chains=()   # "GPU SPEC[+SPEC...]", every row checked before anything runs
@@ -97,7 +98,7 @@ for ref in ${REFS-}; do   # the references bench/factbook_rows.sh eval knows by 
   case $ref in teacher|kd|base) ;; *) echo "error: REFS: unknown reference $ref (teacher, kd, base)" >&2; exit 2 ;; esac
 done
 
-# The teacher trains on the first lane's GPU while the rows that need none (ppo, grpo) already run;
+# The teacher trains on the first lane's GPU while the rows that need none (ppo, grpo, kd_sft) already run;
 # the others wait for it. Runs are compared at equal steps (report.jsonl), not at equal wall time.
 teacher_state=out/logs/lanes-teacher.state
 failed=out/logs/lanes.failed   # what failed (rows, the teacher, an evaluation): the status is then 1
@@ -146,7 +147,7 @@ train_row() {  # GPU MICRO_BATCH SECONDS LOG METHOD SEED [k=v...]: one row's tra
 }
 run_row() {  # GPU METHOD SEED [VARIANT]
   local row="$2${4:+-$4} s$3" extra=() tag=${TAG:-} l args
-  case $2 in ppo|grpo) ;; *) wait_for_teacher || { log "skip $row: no teacher"; return; } ;; esac
+  case $2 in ppo|grpo|kd_sft) ;; *) wait_for_teacher || { log "skip $row: no teacher"; return; } ;; esac
   if [ -n "${4:-}" ]; then read -ra extra <<< "$(printenv "VARIANT_$4")"; tag=${TAG:+$TAG-}$4; fi
   local arg
   for arg in "${extra[@]}"; do

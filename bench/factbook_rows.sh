@@ -18,7 +18,9 @@
 # or a KD-loss row kd_forward_kl |
 # kd_reverse_kl | kd_jsd | kd_seqkd: the FactbookQA KD recipe (train/configs/factbook-kd.yaml, LoRA,
 # 3 epochs) with that loss from the teacher, over the pruned base of the RL rows (STUDENT_LAYERS), out/runs/kd-LOSS-sSEED, dev and test EM at its end
-# (kd_seqkd first writes the teacher's own trajectories, out/tgo, as `bench/factbook_rl.sh tgo` does).
+# (kd_seqkd first writes the teacher's own trajectories, out/tgo, as `bench/factbook_rl.sh tgo` does),
+# or kd_sft: the same recipe without a teacher, cross-entropy on the gold (oracle) trajectories -
+# Table 1's "student SFT on oracle" row (out/runs/kd-sft-sSEED; no teacher is loaded or waited for).
 # STEPS (default 200) sets the RL run length; the rest of each run is train/configs/factbook-{dgpo,ppo}.yaml. START=adapter trains
 # the shipped adapter itself (lora.init_from over the pruned base; the run is rl-METHOD-lora-sSEED
 # and its checkpoints/*/adapter is what the bundle ships); TAG=x appends -x to the run's name
@@ -58,11 +60,15 @@ LAYERS=${STUDENT_LAYERS:-24}   # the depth KD_ADAPTER was trained at (model merg
 BASE=out/models/smollm2-135m-${LAYERS}l
 TEACHER=${TEACHER:-out/runs/factbook-teacher-sft/checkpoints/last}   # the teacher stage writes this one
 done_run() { [ -f "out/runs/$1/summary.json" ]; }
-kd_row() {  # METHOD SEED [k=v]: one KD-loss row of Table 1
+kd_row() {  # METHOD SEED [k=v]: one KD-loss row of Table 1, or kd_sft
   local loss=${1#kd_} seed=$2 train=out/factbookqa/oracle.jsonl; shift 2
   local name=kd-$loss${TAG:+-$TAG}-s$seed
   done_run "$name" && return 0
-  if [ "$loss" = seqkd ]; then  # cross-entropy on the teacher's own correct trajectories
+  # SFT is SeqKD's loss on the gold trajectories instead of the teacher's: the KD trainer never
+  # loads the teacher for it (kd.teacher only has to be named), so the row is the same recipe
+  if [ "$loss" = sft ]; then
+    loss=seqkd
+  elif [ "$loss" = seqkd ]; then  # cross-entropy on the teacher's own correct trajectories
     # named after the teacher's weights; one writer at a time (two seqkd rows may start together)
     train=out/tgo/factbook-$(sha256sum "$TEACHER/model.safetensors" | cut -c1-12).jsonl; mkdir -p out/tgo
     ( flock 9
@@ -93,7 +99,7 @@ teacher)
     model.path="$gguf" data.dev=null log.progress=false "$@" ;;
 row)
   method=${1:?METHOD}; seed=${2:?SEED}; shift 2
-  case $method in kd_forward_kl|kd_reverse_kl|kd_jsd|kd_seqkd) kd_row "$method" "$seed" "$@"; exit ;; esac
+  case $method in kd_forward_kl|kd_reverse_kl|kd_jsd|kd_seqkd|kd_sft) kd_row "$method" "$seed" "$@"; exit ;; esac
   start=(model.path=$KD); variant=
   if [ "${START:-merged}" = adapter ] && [ "$method" != teacher_ppo ]; then   # the teacher has no adapter
     start=(model.path=$BASE lora.init_from=$KD_ADAPTER); variant=-lora
@@ -123,7 +129,7 @@ row)
     # variant's teacher.path=...)
     teacher_ppo) "${de[@]}" train ppo --config train/configs/factbook-ppo.yaml "${common[@]}" \
             model.path=$TEACHER lora.init_from=null "$@" ;;
-    *) echo "error: unknown method $method (ppo, dgpo, grpo, dgpo_grpo, dgpo_all_rollouts, dgpo_no_cold_start, teacher_ppo, kd_forward_kl, kd_reverse_kl, kd_jsd, kd_seqkd)" >&2; exit 2 ;;
+    *) echo "error: unknown method $method (ppo, dgpo, grpo, dgpo_grpo, dgpo_all_rollouts, dgpo_no_cold_start, teacher_ppo, kd_forward_kl, kd_reverse_kl, kd_jsd, kd_seqkd, kd_sft)" >&2; exit 2 ;;
   esac ;;
 eval)
   out=${1:?OUT.jsonl}; splits=${2:?SPLITS}; shift 2

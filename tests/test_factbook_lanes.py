@@ -110,6 +110,20 @@ def test_a_kd_row_waits_for_the_run_its_kd_teacher_names(lanes):
     assert (root / "out" / "order.log").read_text().splitlines() == ["kd after the teacher"]
 
 
+def test_the_sft_row_needs_no_teacher(lanes):
+    # kd_sft (the KD recipe on the gold trajectories) runs even when the teacher fails; a KD-loss row
+    # beside it is skipped, and kd_sft takes the KD rows' overrides and run name
+    root, run = lanes
+    stub = root / "bench" / "factbook_rows.sh"
+    stub.write_text(stub.read_text().replace("case $1 in\n", "case $1 in\n  teacher) exit 1 ;;\n", 1))
+    r = run("0=kd_sft:0,kd_jsd:0", REFS="", KD_ARGS="optim.lr=5e-4", ROW_ARGS="eval.every=100")
+    assert r.returncode == 1   # the teacher failed
+    rows = [c for c in (root / "out" / "calls.log").read_text().splitlines() if c.startswith("row ")]
+    assert rows == ["row kd_sft 0 optim.lr=5e-4 | gpu=0 tag="]
+    assert "skip kd_jsd s0: no teacher" in (root / "out" / "logs" / "lanes.log").read_text()
+    assert (root / "out" / "runs" / "kd-sft-s0" / "summary.json").is_file()
+
+
 def test_a_row_whose_teacher_run_failed_is_skipped_without_waiting(lanes):
     root, run = lanes
     _before_each_row(root, '[ "$2" = teacher_ppo ] && exit 1')
@@ -326,6 +340,17 @@ def test_kd_loss_rows_train_a_student_of_the_rl_rows_depth(rows):
         r, args = rows("kd_jsd", STUDENT_LAYERS=layers)
         assert r.returncode == 0, r.stderr
         assert _value(args, "model.path") == f"out/models/smollm2-135m-{layers}l" and "kd.loss=jsd" in args
+
+
+def test_the_sft_row_is_the_kd_recipe_on_the_gold_trajectories(rows):
+    # cross-entropy (SeqKD's loss) on oracle.jsonl, from the pruned base, one command: no teacher
+    # trajectories are written first, as they are for kd_seqkd
+    r, args = rows("kd_sft", "optim.lr=5e-4")
+    assert r.returncode == 0, r.stderr
+    assert args[:5] == ["-m", "dgpo_edge", "train", "kd", "--config"] and args.count("dgpo_edge") == 1
+    assert _value(args, "kd.loss") == "seqkd" and _value(args, "data.train") == "out/factbookqa/oracle.jsonl"
+    assert _value(args, "run.out_dir") == "out/runs/kd-sft-s0"
+    assert _value(args, "model.path") == "out/models/smollm2-135m-24l" and args[-1] == "optim.lr=5e-4"
 
 
 def test_the_rows_default_depth_is_the_shipped_adapters():
