@@ -25,14 +25,22 @@ import argparse
 import json
 import random
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import NoReturn
 
 from dgpo_edge.jsonio import read_jsonl
 
 TYPES = ("fact", "bridge", "comparison", "neighbour", "neighbour_bridge")
 KEEP = ("n", "em", "f1", "em_by_type", "em_by_hops", "hit_ratio", "search_steps",
         "invalid_action_rate", "params", "card", "commit", "model", "rl_steps", "scores")
+
+
+def fail(message: str) -> NoReturn:
+    """Bad input: one line on stderr, exit status 2."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
 
 
 def load_rows(paths: list[str], names: dict[str, tuple[str, int]], rl_step: int | None = None) -> list[dict]:
@@ -59,7 +67,7 @@ def _label_and_path(spec: str) -> tuple[str, str]:
         return "", spec
     label, _, path = spec.partition("=")
     if "/" in label:
-        raise SystemExit(f"error: {spec}: no such rows file (a label, LABEL=PATH, has no '/')")
+        fail(f"error: {spec}: no such rows file (a label, LABEL=PATH, has no '/')")
     return label, path
 
 
@@ -79,7 +87,7 @@ def per_question(rows: list[dict], method: str, split: str = "test", seed: int |
     runs = [r["scores"] for r in rows if r["method"] == method and r["split"] == split
             and (seed is None or r["seed"] == seed)]
     if not runs:
-        raise SystemExit(f"error: no {split} rows for method {method!r}")
+        fail(f"error: --pair: no {split} rows for method {method!r}")
     return [sum(col) / len(col) for col in zip(*runs)]
 
 
@@ -127,6 +135,10 @@ def main() -> None:
         method, _, seed = method.partition("@")
         names[run] = (method, int(seed or 0))
     rows = load_rows(args.rows, names, args.rl_step)
+    # a misspelt run (or a rows file left out) would drop its row from the table without a word
+    unmatched = sorted(set(names) - {r["run"] for r in rows})
+    if unmatched:
+        fail(f"error: --as names no row in the rows files: {', '.join(unmatched)}")
     pairs = []
     for spec in args.pair:
         a, _, b = spec.partition(":")

@@ -85,5 +85,23 @@ def test_a_plain_path_may_hold_an_equals_sign(tmp_path):
     odd.write_text(json.dumps(row("rl150-dgpo-s0", "test", [1, 0], rl_steps=150)) + "\n")
     (loaded,) = table1.load_rows([str(odd)], {}, rl_step=150)
     assert (loaded["method"], loaded["run"]) == ("dgpo", "rl150-dgpo-s0")
-    with pytest.raises(SystemExit, match="no such rows file"):
+    with pytest.raises(SystemExit) as stop:
         table1.load_rows([str(tmp_path / "missing=x.jsonl")], {}, rl_step=150)
+    assert stop.value.code == 2
+
+
+def test_a_name_or_pair_without_rows_is_refused(tmp_path):
+    # a misspelt --as would drop its row silently, a --pair with no rows has nothing to compare
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(row("rl150-dgpo-s0", "test", [1, 0], rl_steps=150)) + "\n")
+    out = tmp_path / "t.json"
+
+    def table(*args):
+        return subprocess.run([sys.executable, str(ROOT / "bench" / "table1.py"), str(rows), "--out", str(out), *args],
+                              capture_output=True, text=True, cwd=ROOT)
+    r = table("--as", "rl150-dgpo-s0=dgpo", "--as", "rl150-dgpo-s9=dgpo@9")
+    assert r.returncode == 2 and "--as names no row in the rows files: rl150-dgpo-s9" in r.stderr
+    r = table("--as", "rl150-dgpo-s0=dgpo", "--pair", "dgpo:ppo")
+    assert r.returncode == 2 and "--pair: no test rows for method 'ppo'" in r.stderr
+    assert not out.exists()
+    assert table("--as", "rl150-dgpo-s0=dgpo").returncode == 0 and out.is_file()
