@@ -67,14 +67,10 @@ chain_re="$spec_re(\\+$spec_re)*"
 chains=()   # "GPU SPEC[+SPEC...]", every row checked before anything runs
 declare -A sharing   # GPU -> how many chains run on it at once
 declare -A made_by   # run folder (out/runs/NAME) -> the row here that trains it, as logs and lanes.failed name it
-run_of() {  # METHOD SEED [VARIANT]: the run folder bench/factbook_rows.sh trains for that row
-  local tag=${TAG:-} lora=
+run_of() {  # METHOD SEED [VARIANT]: the run folder bench/factbook_rows.sh trains for that row (its naming)
+  local tag=${TAG:-}
   [ -z "${3:-}" ] || tag=${TAG:+$TAG-}$3
-  case $1 in
-    kd_*) echo "kd-${1#kd_}${tag:+-$tag}-s$2" ;;
-    *) if [ "${START:-merged}" = adapter ] && [ "$1" != teacher_ppo ]; then lora=-lora; fi
-       echo "rl-$1$lora${tag:+-$tag}-s$2" ;;
-  esac
+  TAG=$tag bash $rows name "$1" "$2"
 }
 for lane in "$@"; do
   [[ $lane =~ ^[0-9]+=$chain_re(,$chain_re)*$ ]] || { echo "error: bad lane '$lane' (GPU=METHOD:SEED[:VARIANT][+...],...)" >&2; exit 2; }

@@ -8,6 +8,7 @@
 #   bench/factbook_rows.sh start                  # data, the pruned base, the KD start (the shipped adapter merged)
 #   bench/factbook_rows.sh teacher                # the SFT teacher (train/configs/factbook-teacher-sft.yaml)
 #   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run (out/runs/rl-METHOD-sSEED) or KD-loss row
+#   bench/factbook_rows.sh name METHOD SEED       # the run folder's name that row trains (TAG, START as for row)
 #   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of runs, or kd, teacher, base (bench/factbook_eval.py; LIMIT=N: first N)
 #   bench/factbook_rows.sh reports OUT.jsonl NAME...      # the test EM rows the runs wrote while training (RL: every 50 steps)
 #   bench/factbook_rows.sh pack NAME|DIR [QUANT]  # a run's student (or a checkpoint folder) as GGUF (q8_0) in 15 MiB pieces + sha256
@@ -49,6 +50,18 @@
 # (bench/factbook_lanes.sh does so by itself; the rows before commit 55174d2 all ran at 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The run folder a row trains, out/runs/NAME; bench/factbook_lanes.sh asks for it (`name METHOD SEED`)
+# rather than naming runs itself. Needs no KD_ADAPTER, so it comes before the digest below.
+run_name() {  # METHOD SEED (TAG and START from the environment)
+  local lora=
+  # START=adapter trains the adapter itself; the teacher has none
+  if [ "${START:-merged}" = adapter ] && [ "$1" != teacher_ppo ]; then lora=-lora; fi
+  case $1 in
+    kd_*) echo "kd-${1#kd_}${TAG:+-$TAG}-s$2" ;;
+    *) echo "rl-$1$lora${TAG:+-$TAG}-s$2" ;;
+  esac
+}
+if [ "${1:-}" = name ]; then run_name "${2:?METHOD}" "${3:?SEED}"; exit 0; fi
 py=${PYTHON:-python3}
 de=("$py" -m dgpo_edge)
 STEPS=${STEPS:-200}
@@ -61,8 +74,8 @@ BASE=out/models/smollm2-135m-${LAYERS}l
 TEACHER=${TEACHER:-out/runs/factbook-teacher-sft/checkpoints/last}   # the teacher stage writes this one
 done_run() { [ -f "out/runs/$1/summary.json" ]; }
 kd_row() {  # METHOD SEED [k=v]: one KD-loss row of Table 1, or kd_sft
-  local loss=${1#kd_} seed=$2 train=out/factbookqa/oracle.jsonl; shift 2
-  local name=kd-$loss${TAG:+-$TAG}-s$seed
+  local loss=${1#kd_} seed=$2 train=out/factbookqa/oracle.jsonl name; shift 2
+  name=$(run_name "kd_$loss" "$seed")
   done_run "$name" && return 0
   # SFT is SeqKD's loss on the gold trajectories instead of the teacher's: the KD trainer never
   # loads the teacher for it (kd.teacher only has to be named), so the row is the same recipe
@@ -83,7 +96,7 @@ kd_row() {  # METHOD SEED [k=v]: one KD-loss row of Table 1, or kd_sft
     eval.at_start=false eval.batch_size=128 log.save_every=50 log.progress=false "$@"
 }
 checkpoint() { case $1 in kd) echo $KD ;; teacher) echo $TEACHER ;; base) echo $BASE ;; *) echo "out/runs/$1/checkpoints/last" ;; esac; }
-stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|eval|reports|pack|unpack ...}; shift
+stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|name|eval|reports|pack|unpack ...}; shift
 
 case $stage in
 start)
@@ -100,11 +113,11 @@ teacher)
 row)
   method=${1:?METHOD}; seed=${2:?SEED}; shift 2
   case $method in kd_forward_kl|kd_reverse_kl|kd_jsd|kd_seqkd|kd_sft) kd_row "$method" "$seed" "$@"; exit ;; esac
-  start=(model.path=$KD); variant=
+  start=(model.path=$KD)
   if [ "${START:-merged}" = adapter ] && [ "$method" != teacher_ppo ]; then   # the teacher has no adapter
-    start=(model.path=$BASE lora.init_from=$KD_ADAPTER); variant=-lora
+    start=(model.path=$BASE lora.init_from=$KD_ADAPTER)
   fi
-  name=rl-$method$variant${TAG:+-$TAG}-s$seed
+  name=$(run_name "$method" "$seed")
   done_run "$name" && exit 0
   common=(run.out_dir=out/runs/$name run.seed="$seed" "${start[@]}" optim.steps="$STEPS"
           eval.every=50 eval.batch_size=128 log.save_every=25 log.progress=false ppo.micro_batch=$MICRO_BATCH
@@ -160,5 +173,5 @@ pack)  # what the laptop needs, in pieces a device call can return (at most 8 fi
 unpack)
   dir=${1:?DIR}; name=${2:?NAME}; quant=${3:-q8_0}; file=$name.$quant.gguf
   cat "$dir/$file".part* > "$dir/$file" && (cd "$dir" && sha256sum -c "$file.sha256") ;;
-*) echo "error: unknown stage $stage (start, teacher, row, eval, reports, pack, unpack)" >&2; exit 2 ;;
+*) echo "error: unknown stage $stage (start, teacher, row, name, eval, reports, pack, unpack)" >&2; exit 2 ;;
 esac

@@ -13,11 +13,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# run names come from the real script (factbook_rows.real.sh name), as the lanes ask for them
 STUB = """#!/usr/bin/env bash
+[ "$1" = name ] && exec bash bench/factbook_rows.real.sh "$@"
 echo "$* | gpu=${CUDA_VISIBLE_DEVICES:-} tag=${TAG:-}" >> out/calls.log
 case $1 in
   row) echo "$2 $3 ${MICRO_BATCH:-}" >> out/micro.log
-       case $2 in kd_*) d=out/runs/kd-${2#kd_}${TAG:+-$TAG}-s$3 ;; *) d=out/runs/rl-$2${TAG:+-$TAG}-s$3 ;; esac
+       d=out/runs/$(bash bench/factbook_rows.real.sh name "$2" "$3")
        mkdir -p "$d" && echo '{}' > "$d/report.jsonl" && echo '{}' > "$d/summary.json" ;;
   reports) echo "reports of $3 $4 $5" ;;
 esac
@@ -28,6 +30,7 @@ esac
 def lanes(tmp_path):
     (tmp_path / "bench").mkdir()
     shutil.copy(ROOT / "bench" / "factbook_lanes.sh", tmp_path / "bench")
+    shutil.copy(ROOT / "bench" / "factbook_rows.sh", tmp_path / "bench" / "factbook_rows.real.sh")
     (tmp_path / "bench" / "factbook_rows.sh").write_text(STUB)
 
     def run(*lanes, **env):
@@ -351,6 +354,25 @@ def test_the_sft_row_is_the_kd_recipe_on_the_gold_trajectories(rows):
     assert _value(args, "kd.loss") == "seqkd" and _value(args, "data.train") == "out/factbookqa/oracle.jsonl"
     assert _value(args, "run.out_dir") == "out/runs/kd-sft-s0"
     assert _value(args, "model.path") == "out/models/smollm2-135m-24l" and args[-1] == "optim.lr=5e-4"
+
+
+def test_a_rows_run_name_is_what_its_row_trains(rows, tmp_path):
+    # `name` answers without a KD adapter (the lanes ask before anything exists) and agrees with the
+    # run.out_dir each row trains
+    def name(method, **env):
+        r = subprocess.run(["bash", str(tmp_path / "bench" / "factbook_rows.sh"), "name", method, "0"],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "KD_ADAPTER": "/nonexistent", **env})
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+    cases = [("dgpo", {}), ("dgpo", {"START": "adapter", "TAG": "b01"}), ("teacher_ppo", {"START": "adapter"}),
+             ("kd_jsd", {"TAG": "rlt"}), ("kd_sft", {})]
+    assert [name(m, **env) for m, env in cases] == [
+        "rl-dgpo-s0", "rl-dgpo-lora-b01-s0", "rl-teacher_ppo-s0", "kd-jsd-rlt-s0", "kd-sft-s0"]
+    for method, env in cases:
+        r, args = rows(method, **env)
+        assert r.returncode == 0, r.stderr
+        assert _value(args, "run.out_dir") == f"out/runs/{name(method, **env)}"
 
 
 def test_the_rows_default_depth_is_the_shipped_adapters():
