@@ -26,14 +26,14 @@
 # the shipped adapter itself (lora.init_from over the pruned base; the run is rl-METHOD-lora-sSEED
 # and its checkpoints/*/adapter is what the bundle ships); TAG=x appends -x to the run's name
 # (e.g. for learning-rate variants). The KD start is KD_ADAPTER merged into its base, so a lease
-# spends no time on KD (bench/factbook_rl.sh prep trains one from scratch instead). KD_ADAPTER
-# defaults to the adapter the default bundle ships (dgpo_edge/bundle/shipped/adapter), today the
-# 24-layer all-worlds student trained further by DGPO (docs/worlds.md, "DGPO ships"). The 24-layer
-# all-worlds KD student that the 24-layer Table 1 rows started from shipped from 9415af1 to ba04eb7:
-#   git archive ba04eb7 dgpo_edge/bundle/shipped/adapter | tar x -C /tmp/kd24
-#   KD_ADAPTER=/tmp/kd24/dgpo_edge/bundle/shipped/adapter bench/factbook_rows.sh start
-# (on a lease, bench/lease/prepare.sh's data call unpacks it as out/kd-start-adapter/dgpo_edge/bundle/shipped/adapter)
-# (the 15-layer one shipped until commit f7b6397,
+# spends no time on KD (bench/factbook_rl.sh prep trains one from scratch instead). Unset, KD_ADAPTER
+# is the KD start of the 24-layer Table 1: the 24-layer all-worlds KD student, which shipped from
+# 9415af1 to ba04eb7, at out/kd-start-adapter/dgpo_edge/bundle/shipped/adapter. Where that folder is
+# missing, `start` (and any stage that needs the KD start) takes it from git
+# (git archive ba04eb7 dgpo_edge/bundle/shipped/adapter); a GPU machine's copy has no git, so
+# bench/lease/prepare.sh's data call brings it there. The adapter the default bundle ships today is
+# that student trained further by DGPO (docs/worlds.md, "DGPO ships"): to start from it, give
+# KD_ADAPTER=dgpo_edge/bundle/shipped/adapter. (The 15-layer one shipped until commit f7b6397,
 # STUDENT_LAYERS=15 with its adapter from `git archive f7b6397`); the FactbookQA-only KD student that the RL rows in
 # docs/benchmarks.md started from (train/configs/factbook-kd.yaml) shipped until commit b4dfacb:
 #   git archive b4dfacb dgpo_edge/bundle/shipped/adapter | tar x -C /tmp/fbkd
@@ -66,9 +66,20 @@ py=${PYTHON:-python3}
 de=("$py" -m dgpo_edge)
 STEPS=${STEPS:-200}
 MICRO_BATCH=${MICRO_BATCH:-32}
-KD_ADAPTER=${KD_ADAPTER:-dgpo_edge/bundle/shipped/adapter}
-# the merged start is named after the adapter's digest, so another adapter never reuses it
-KD=out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12)
+TABLE1_KD=out/kd-start-adapter/dgpo_edge/bundle/shipped/adapter TABLE1_KD_COMMIT=ba04eb7
+KD_ADAPTER=${KD_ADAPTER:-$TABLE1_KD}
+KD=
+need_kd() {  # sets KD, the merged KD start's folder (the stages that use it call this first)
+  if [ ! -f "$KD_ADAPTER/adapter_model.safetensors" ] && [ "$KD_ADAPTER" = "$TABLE1_KD" ]; then
+    mkdir -p out/kd-start-adapter
+    git archive "$TABLE1_KD_COMMIT" dgpo_edge/bundle/shipped/adapter 2>/dev/null | tar x -C out/kd-start-adapter 2>/dev/null || true
+  fi
+  [ -f "$KD_ADAPTER/adapter_model.safetensors" ] || {
+    echo "error: no KD adapter at $KD_ADAPTER (Table 1's: git archive $TABLE1_KD_COMMIT dgpo_edge/bundle/shipped/adapter" \
+         "| tar x -C out/kd-start-adapter; on a lease, bench/lease/prepare.sh's data call brings it)" >&2; exit 2; }
+  # named after the adapter's digest, so another adapter never reuses a merged start
+  KD=out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12)
+}
 LAYERS=${STUDENT_LAYERS:-24}   # the depth KD_ADAPTER was trained at (model merge refuses another); 24: the shipped one's
 BASE=out/models/smollm2-135m-${LAYERS}l
 TEACHER=${TEACHER:-out/runs/factbook-teacher-sft/checkpoints/last}   # the teacher stage writes this one
@@ -95,7 +106,7 @@ kd_row() {  # METHOD SEED [k=v]: one KD-loss row of Table 1, or kd_sft
     model.path=$BASE kd.loss="$loss" kd.teacher=$TEACHER data.train="$train" data.report=out/factbookqa/test.jsonl \
     eval.at_start=false eval.batch_size=128 log.save_every=50 log.progress=false "$@"
 }
-checkpoint() { case $1 in kd) echo $KD ;; teacher) echo $TEACHER ;; base) echo $BASE ;; *) echo "out/runs/$1/checkpoints/last" ;; esac; }
+checkpoint() { case $1 in kd) need_kd; echo $KD ;; teacher) echo $TEACHER ;; base) echo $BASE ;; *) echo "out/runs/$1/checkpoints/last" ;; esac; }
 stage=${1:?usage: bench/factbook_rows.sh start|teacher|row|name|eval|reports|pack|unpack ...}; shift
 
 case $stage in
@@ -104,6 +115,7 @@ start)
   [ -f out/factbookqa/train.jsonl ] || "${de[@]}" data factbook --out out/factbookqa
   [ -d out/models/smollm2-135m ] || "${de[@]}" model from-gguf "$gguf" --out out/models/smollm2-135m
   [ -d $BASE ] || "${de[@]}" model prune out/models/smollm2-135m --keep-layers $LAYERS --out $BASE
+  need_kd
   [ -d $KD ] || "${de[@]}" model merge $BASE --adapter "$KD_ADAPTER" --out $KD ;;
 teacher)
   gguf=${SMOL_GGUF:-$("$py" -c 'from dgpo_edge.train.models import smollm2_gguf; print(smollm2_gguf())')}
@@ -113,6 +125,7 @@ teacher)
 row)
   method=${1:?METHOD}; seed=${2:?SEED}; shift 2
   case $method in kd_forward_kl|kd_reverse_kl|kd_jsd|kd_seqkd|kd_sft) kd_row "$method" "$seed" "$@"; exit ;; esac
+  need_kd
   start=(model.path=$KD)
   if [ "${START:-merged}" = adapter ] && [ "$method" != teacher_ppo ]; then   # the teacher has no adapter
     start=(model.path=$BASE lora.init_from=$KD_ADAPTER)

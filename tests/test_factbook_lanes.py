@@ -3,6 +3,7 @@ bench/factbook_rows.sh that records how it was called (the real stages need a GP
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -375,8 +376,28 @@ def test_a_rows_run_name_is_what_its_row_trains(rows, tmp_path):
         assert _value(args, "run.out_dir") == f"out/runs/{name(method, **env)}"
 
 
+def test_unset_the_kd_start_is_table_1s_not_the_shipped_adapter(rows, tmp_path):
+    # the shipped adapter is DGPO-trained: a Table 1 row started from it by default would pair
+    # silently with rows from another start. Without KD_ADAPTER the rows take Table 1's KD student
+    # from out/kd-start-adapter, or from git (none here: one error, nothing run)
+    r, args = rows("dgpo", KD_ADAPTER="")
+    assert r.returncode == 2 and not args
+    assert "no KD adapter at out/kd-start-adapter/dgpo_edge/bundle/shipped/adapter" in r.stderr
+    assert "git archive ba04eb7" in r.stderr
+    table1 = tmp_path / "out" / "kd-start-adapter" / "dgpo_edge" / "bundle" / "shipped" / "adapter"
+    table1.mkdir(parents=True)
+    (table1 / "adapter_model.safetensors").write_bytes(b"table 1")
+    r, args = rows("dgpo", KD_ADAPTER="")
+    assert r.returncode == 0, r.stderr
+    digest = hashlib.sha256(b"table 1").hexdigest()[:12]
+    assert _value(args, "model.path") == f"out/models/kd-start-{digest}"
+    r, args = rows("kd_jsd", KD_ADAPTER="/nowhere")   # a KD-loss row starts from the pruned base: no adapter needed
+    assert r.returncode == 0, r.stderr
+
+
 def test_the_rows_default_depth_is_the_shipped_adapters():
-    # KD_ADAPTER defaults to the shipped adapter; merging it over a base of another depth is refused
+    # the default KD start (Table 1's) and the shipped adapter it became are 24-layer adapters;
+    # merging one over a base of another depth is refused
     import re
 
     script = (ROOT / "bench" / "factbook_rows.sh").read_text()
