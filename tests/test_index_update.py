@@ -137,6 +137,29 @@ def test_bm25_update_through_the_cli(tmp_path):
     assert json.loads(r.output)["unchanged"] == 20 and not (idx / ".work").exists()
 
 
+def test_an_update_from_what_looks_like_another_folder_is_refused(tmp_path, monkeypatch):
+    # the update deletes what the folder lacks: a subfolder given by mistake would empty the index
+    notes = write_notes(tmp_path / "notes", n=20)
+    idx = tmp_path / "idx"
+    assert invoke("index", "build", notes, "--out", idx, "--kind", "bm25").exit_code == 0
+    before = (idx / "store.sqlite").read_bytes()
+    r = invoke("index", "update", notes / "week-1", "--out", idx)
+    assert_one_line_error(r, "built from a folder named 'notes', not 'week-1'; pass --force")
+    lookalike = tmp_path / "elsewhere" / "notes"   # the same name, but 16 of the 20 notes missing
+    lookalike.parent.mkdir()
+    write_notes(lookalike, n=4)
+    r = invoke("index", "update", lookalike, "--out", idx)
+    assert_one_line_error(r, "would delete 16 of the index's 20 documents")
+    assert (idx / "store.sqlite").read_bytes() == before
+    monkeypatch.chdir(notes)   # "." is the folder it names
+    (notes / "week-0" / "note-000.md").unlink()
+    r = invoke("index", "update", ".", "--out", idx, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["deleted"] == ["week-0/note-000.md"]
+    r = invoke("index", "update", lookalike, "--out", idx, "--force", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["count"] == 4
+
+
 def test_a_flat_index_takes_ids_on_its_first_update(tmp_path, minilm):
     notes = write_notes(tmp_path / "notes", n=6)
     idx = tmp_path / "idx"

@@ -99,6 +99,8 @@ def update(
     folder: Path = typer.Argument(..., help="The folder of documents the index was built from."),
     out: Path = typer.Option(..., "--out", help="The index directory to update (from `index build FOLDER --out DIR`)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads (default: library defaults)."),
+    force: bool = typer.Option(False, "--force", help="Update even from a folder of another name than the "
+                               "index's, or when more than half of its documents would be deleted."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Re-read only new and changed files, drop deleted ones; no retraining until the index doubles.
@@ -108,12 +110,12 @@ def update(
     from ..retrieval.update import update_index
 
     if as_json:  # nothing but the JSON on stdout
-        report = update_index(folder, out, threads=threads)
+        report = update_index(folder, out, threads=threads, force=force)
         report.pop("manifest")
         typer.echo(json.dumps(report, ensure_ascii=False, indent=2))
         return
     with _progress_bar() as bar:
-        report = update_index(folder, out, threads=threads, progress=_stage_tasks(bar))
+        report = update_index(folder, out, threads=threads, progress=_stage_tasks(bar), force=force)
     manifest = report.pop("manifest")
     _print_update(report)
     print_documents(manifest)

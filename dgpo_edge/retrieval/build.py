@@ -202,7 +202,7 @@ def corpus_fingerprint(corpus: str | Path, fmt: str | None = None,
                 if progress is not None:
                     progress("fingerprint", done, total)
         entries.append((rel, size, h.hexdigest()))
-    return source_fingerprint(corpus.name, fmt, entries)
+    return source_fingerprint(corpus.resolve().name, fmt, entries)   # "." records the folder's own name
 
 
 def source_fingerprint(name: str, fmt: str, entries: list[tuple[str, int, str]]) -> dict[str, Any]:

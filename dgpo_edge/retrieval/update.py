@@ -71,9 +71,10 @@ class Changes:
 
 def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder | None = None,
                  threads: int | None = None, progress: Progress | None = None,
-                 retrain_factor: float = RETRAIN_FACTOR) -> dict[str, Any]:
+                 retrain_factor: float = RETRAIN_FACTOR, force: bool = False) -> dict[str, Any]:
     """Update the index in `out` from `folder`; return a report (see `Changes.report`, plus
-    `count`, `retrained` and `manifest`)."""
+    `count`, `retrained` and `manifest`). Without `force`, a folder that does not look like the one
+    the index was built from (see `check_same_source`) is refused before anything changes."""
     folder, out = Path(folder), Path(out)
     emit = progress or (lambda stage, done, total: None)
     m = verify_files(out)
@@ -85,7 +86,10 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
     if not old:
         raise InputError("this index has no per-file records (built before `index update` existed); "
                          "rebuild it once with `dgpo-edge index build --overwrite`", out)
+    documents = len(old)
     changes = scan(folder, old, emit)
+    if not force:
+        check_same_source(folder, m, changes, documents)
     base = {**changes.report(), "count": m["count"], "retrained": False, "manifest": m}
     if not (changes.add or changes.drop or changes.touched):
         return base
@@ -106,6 +110,21 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
     if {p.name for p in work.iterdir()} <= {LOCK_FILE, WORK_MARKER}:  # keep an interrupted build's work
         shutil.rmtree(work, ignore_errors=True)
     return {**base, "count": manifest["count"], "manifest": manifest}
+
+
+def check_same_source(folder: Path, manifest: dict[str, Any], changes: Changes, documents: int) -> None:
+    """Refuse an update from what is likely the wrong folder: the update deletes every document the
+    folder lacks, so a typo (~/notes/teams for ~/notes) would empty the index. The manifest keeps the
+    folder's name only (no path: an index may be shared), so a renamed folder needs --force too."""
+    built_from, name = (manifest.get("source") or {}).get("corpus"), folder.resolve().name
+    if built_from and built_from != name:   # an index built from "." before its name was kept has ""
+        raise InputError(f"this index was built from a folder named {built_from!r}, not {name!r}; "
+                         "pass --force to update it from this one (the index's documents it lacks are "
+                         "deleted)", folder)
+    if documents > 1 and 2 * len(changes.deleted) > documents:
+        raise InputError(f"the update would delete {len(changes.deleted)} of the index's {documents} documents "
+                         "(this folder lacks them): is it the folder the index was built from? Pass --force "
+                         "to delete them", folder)
 
 
 # --- what changed ------------------------------------------------------------------------------------------
@@ -168,7 +187,7 @@ def _apply(folder: Path, out: Path, stage: Path, m: dict[str, Any], c: Changes,
     with PassageStore(stage / STORE_FILE) as store:
         count = len(store)
     report = DocReport(c.records)
-    fp = source_fingerprint(folder.name, "text", [(r.path, r.size, r.sha256) for r in c.records if r.sha256])
+    fp = source_fingerprint(folder.resolve().name, "text", [(r.path, r.size, r.sha256) for r in c.records if r.sha256])
     fields = {k: v for k, v in m.items() if k not in ("files", "count", "source", "updated")}
     fields.update(count=count, source=source_entry(fp, report.summary()),
                   updated=datetime.now(timezone.utc).isoformat(timespec="seconds"))
