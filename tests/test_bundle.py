@@ -100,10 +100,12 @@ def test_a_partial_folder_the_tool_did_not_make_is_refused(tmp_path: Path, hf_mo
     verify(b.path)
 
 
+@pytest.mark.parametrize("overwrite", [True, False])
 @pytest.mark.parametrize("holds", ["notes", "index"])
 def test_overwrite_never_replaces_a_folder_that_is_not_a_bundle(tmp_path: Path, hf_model: Path, index_dir: Path,
-                                                                holds: str):
-    """--overwrite given with the wrong --out (a person's notes, the index itself): refused, nothing written."""
+                                                                holds: str, overwrite: bool):
+    """The wrong --out (a person's notes, the index itself), with --overwrite or without: refused,
+    nothing written, and no hint that --overwrite would replace it."""
     if holds == "notes":
         out = tmp_path / "notes"
         out.mkdir()
@@ -112,9 +114,16 @@ def test_overwrite_never_replaces_a_folder_that_is_not_a_bundle(tmp_path: Path, 
         out = index_dir   # a dgpo-edge folder with a manifest.json, but no bundle
     before = sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file())
     with pytest.raises(InputError, match="is not a bundle; refusing to replace it"):
-        build_bundle(hf_model, index_dir, out, overwrite=True)
+        build_bundle(hf_model, index_dir, out, overwrite=overwrite)
     assert sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file()) == before
     assert not out.with_name(out.name + ".partial").exists()
+
+
+def test_a_bundle_is_replaced_only_with_overwrite(tmp_path: Path, hf_model: Path, index_dir: Path):
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    with pytest.raises(InputError, match="a bundle already exists here; pass --overwrite to replace it"):
+        build_bundle(hf_model, index_dir, b.path)
+    verify(build_bundle(hf_model, index_dir, b.path, overwrite=True).path)
 
 
 @pytest.mark.parametrize("damage,word", [("truncate", "truncated"), ("flip", "changed"), ("remove", "missing"),

@@ -203,6 +203,11 @@ def test_model_merge_refuses_an_adapter_of_another_depth(toy, tmp_path):
         result = invoke("model", "merge", base, "--adapter", adapter, "--out", tmp_path / "merged")
         assert_one_line_error(result, "adapter does not fit", needle, "adapter")
         assert not (tmp_path / "merged").exists()
+    # nor over its own base: the merged model would replace the base it was made from
+    before = sorted((p.name, p.stat().st_size) for p in one_layer.iterdir())
+    result = invoke("model", "merge", one_layer, "--adapter", adapter, "--out", one_layer)
+    assert_one_line_error(result, "is also this command's input")
+    assert sorted((p.name, p.stat().st_size) for p in one_layer.iterdir()) == before
 
 
 def test_sft_continues_a_saved_adapter(toy, tmp_path):

@@ -219,3 +219,28 @@ def test_from_gguf_bad_files(tmp_path):
     assert_one_line_error(invoke("model", "from-gguf", gguf_file, "--out", tmp_path / "o",
                                  "--as", "gpt2"), "--as must be qwen2")
     assert not (tmp_path / "o").exists()
+
+
+def test_prune_refuses_to_write_over_its_own_input(smol_qwen_dir, tmp_path):
+    # `model prune m --out m` would replace the 30-layer model with the pruned one, without a word
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(smol_qwen_dir, model)
+    before = sorted((p.name, p.stat().st_size) for p in model.iterdir())
+    result = invoke("model", "prune", model, "--keep-layers", "4", "--out", model)
+    assert_one_line_error(result, "is also this command's input")
+    assert sorted((p.name, p.stat().st_size) for p in model.iterdir()) == before
+
+
+def test_from_gguf_refuses_someone_elses_folder_before_dequantizing(tmp_path, monkeypatch):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("dequantized before checking --out")
+
+    monkeypatch.setattr(models, "load_gguf", must_not_run)
+    theirs = tmp_path / "thesis"
+    theirs.mkdir()
+    (theirs / "thesis.txt").write_text("chapter 1\n")
+    result = invoke("model", "from-gguf", smollm2_or_skip(), "--out", theirs)
+    assert_one_line_error(result, "is not a model directory")
+    assert [p.name for p in theirs.iterdir()] == ["thesis.txt"]

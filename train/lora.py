@@ -226,8 +226,9 @@ def merged_copy(model: Any) -> Any:
 def merge_adapter(base_dir: str | Path, adapter_dir: str | Path, out: str | Path) -> Path:
     """`dgpo-edge model merge`: a base checkpoint plus a saved adapter -> a checkpoint like a LoRA
     run's (merged weights, `adapter/` beside them). RL can then start from a shipped student."""
-    from .models import load_checkpoint
+    from .models import check_out, load_checkpoint
 
+    check_out(out, base_dir, adapter_dir)
     model, tokenizer = load_checkpoint(base_dir)
     load_adapter(model, adapter_dir)
     return save_checkpoint(model, tokenizer, out, extra={

@@ -265,6 +265,17 @@ def check_replaceable(out: Path) -> None:
     jsonio_check_replaceable(out, _is_model, "a model directory")
 
 
+def check_out(out: str | Path, *sources: str | Path) -> None:
+    """Before the work: --out must be replaceable (check_replaceable) and not one of the command's
+    own inputs, which the finished checkpoint would replace (`model prune m --out m`)."""
+    out = Path(out)
+    for source in sources:
+        if out.resolve() == Path(source).resolve():
+            raise InputError("is also this command's input, which the result would replace; give --out "
+                             "another folder", out)
+    check_replaceable(out)
+
+
 @contextlib.contextmanager
 def atomic_dir(out: str | Path) -> Iterator[Path]:
     """jsonio.atomic_dir for a model folder: a folder that holds something else is not replaced."""
@@ -310,6 +321,7 @@ def from_gguf(gguf_file: str | Path, out: str | Path, as_arch: str | None = None
     """`dgpo-edge model from-gguf`: GGUF -> transformers checkpoint (optionally as Qwen2)."""
     if as_arch not in (None, "qwen2"):
         raise InputError(f"--as must be qwen2, got {as_arch!r}")
+    check_out(out)   # before the dequantization, not after it
     model, tokenizer = load_gguf(gguf_file)
     if as_arch == "qwen2" and model.config.model_type != "qwen2":
         model = llama_to_qwen2(model)
@@ -337,6 +349,7 @@ def prune_checkpoint(model_dir: str | Path, out: str | Path, keep_layers: int | 
     bad = [i for i in layers if not 0 <= i < n]
     if bad or len(set(layers)) != len(layers) or not layers:
         raise InputError(f"--layers must be distinct indices in 0..{n - 1}, got {list(layers)}")
+    check_out(out, model_dir)
     model, tokenizer = load_checkpoint(model_dir)
     prune_layers(model, layers)
     save_checkpoint(model, tokenizer, out, extra={

@@ -405,9 +405,9 @@ def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | N
     write_json(work / MANIFEST, manifest)
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
-    if out.exists() and not overwrite:
-        raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", out)
     check_replaceable(out, is_bundle, "a bundle")   # again: the folder may have changed while this one was built
+    if out.exists() and not overwrite:
+        raise InputError("a bundle appeared here while this one was built; pass --overwrite to replace it", out)
     (work / PARTIAL_MARKER).unlink(missing_ok=True)   # last: until the rename, a rerun may reuse the folder
     replace_dir(work, out)
     # Just hashed: the first open need not read every byte again.
@@ -455,12 +455,11 @@ def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: 
     out = Path(out).expanduser().absolute()   # `--out .` has no name to put B.partial beside
     if out.exists() and not out.is_dir():
         raise InputError("the output path exists and is not a folder", out)
-    if (out / MANIFEST).exists() and not overwrite:
-        raise InputError("a bundle already exists here (manifest.json); pass --overwrite to replace it", out)
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", out)
-    # --overwrite replaces a bundle, never another folder (a home or notes folder given by mistake)
+    # --overwrite replaces a bundle, never another folder (a home or notes folder given by mistake), so
+    # only a bundle is told about --overwrite
     check_replaceable(out, is_bundle, "a bundle")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise InputError("a bundle already exists here; pass --overwrite to replace it", out)
     emit = progress or _no_progress
     work = claim_partial(out.with_name(out.name + ".partial"))
     emit("model", 0, 1)
