@@ -21,8 +21,10 @@ from dgpo_edge.retrieval.corpus import (
     detect_format,
     file_title,
     iter_corpus,
+    iter_text_corpus,
     size_hint,
 )
+from dgpo_edge.retrieval.documents import DocReport
 from dgpo_edge.retrieval.store import PassageStore
 
 WORD = re.compile(r"[^\W_]+")
@@ -379,13 +381,19 @@ def test_file_title():
     assert file_title("___.md") == "___"
 
 
-def test_non_utf8_text_file_is_named(tmp_path: Path):
+def test_a_non_utf8_text_file_is_skipped_with_its_line(tmp_path: Path):
+    # one note saved in another encoding does not stop a folder's build: it is skipped, and says where
     (tmp_path / "good.md").write_text("fine\n", encoding="utf-8")
     bad = tmp_path / "bad.txt"
     bad.write_bytes("line one\nline two caf".encode() + b"\xe9\n")
-    with pytest.raises(InputError, match="not UTF-8") as err:
-        list(iter_corpus(tmp_path))
-    assert err.value.path == str(bad) and err.value.line == 2
+    report = DocReport()
+    assert [p.id for p in iter_text_corpus(tmp_path, report=report)] == ["good.md#0"]
+    (skipped,) = report.skipped
+    assert skipped.path == "bad.txt" and skipped.reason.startswith("not UTF-8 (line 2, byte 21")
+    # alone, it is an empty corpus that says why
+    with pytest.raises(InputError, match=r"empty corpus.*bad.txt: not UTF-8 \(line 2, byte 21") as err:
+        list(iter_corpus(bad))
+    assert err.value.path == str(bad)
 
 
 def test_empty_folder_is_an_error(tmp_path: Path):

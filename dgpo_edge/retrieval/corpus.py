@@ -210,7 +210,9 @@ def iter_text_corpus(path: str | Path, words: int = DEFAULT_WORDS,
         n += len(passages)
         yield from passages
     if n == 0:
-        raise InputError("empty corpus: no text in any .txt, .md, .pdf or .html file", root)
+        why = "; ".join(f"{r.path}: {r.reason}" for r in report.skipped[:3])
+        raise InputError("empty corpus: no text in any .txt, .md, .pdf or .html file" + (f" ({why})" if why else ""),
+                         root)
 
 
 def read_document(rel: str, file: Path, words: int = DEFAULT_WORDS) -> tuple[DocRecord, list[Passage]]:
@@ -239,7 +241,12 @@ def document_sections(file: Path, data: bytes) -> list[Section]:
         return pdf_sections(data)
     if suffix in (".html", ".htm"):
         return html_sections(data)
-    return list(_sections(decode_text(data, file), suffix == ".md"))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:   # one note in another encoding does not stop a folder's build
+        line = data.count(b"\n", 0, e.start) + 1
+        raise Skip(f"not UTF-8 (line {line}, byte {e.start}: {e.reason}); save it as UTF-8") from None
+    return list(_sections(text.removeprefix("\ufeff"), suffix == ".md"))
 
 
 def _text_files(root: Path, skipped: list[tuple[str, Path]] | None = None) -> list[tuple[str, Path]]:
@@ -281,21 +288,6 @@ def links_not_followed(root: Path) -> list[str]:
             if not name.startswith(".") and p.is_symlink() and (name in dirs or leads_out(p, root)):
                 out.append(p.relative_to(root).as_posix())
     return sorted(out)
-
-
-def read_text_file(path: Path) -> str:
-    """The file's text; non-UTF-8 bytes raise InputError naming file and line."""
-    return decode_text(path.read_bytes(), path)
-
-
-def decode_text(data: bytes, path: Path) -> str:
-    """UTF-8 text (a BOM dropped); other bytes raise InputError naming file and line."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise InputError(f"not UTF-8 ({e.reason} at byte {e.start})", path, line) from None
-    return text.removeprefix("\ufeff")
 
 
 def chunk_document(text: str, filename: str, words: int = DEFAULT_WORDS) -> Iterator[tuple[str, str]]:
