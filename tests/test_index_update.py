@@ -160,6 +160,18 @@ def test_an_update_from_what_looks_like_another_folder_is_refused(tmp_path, monk
     assert r.exit_code == 0 and json.loads(r.output)["count"] == 4
 
 
+def test_an_index_kept_inside_its_notes_is_not_read_as_notes(tmp_path):
+    notes = write_notes(tmp_path / "notes", n=6)
+    idx = notes / "idx"   # index build ~/notes --out ~/notes/idx
+    assert invoke("index", "build", notes, "--out", idx, "--kind", "bm25").exit_code == 0
+    r = invoke("index", "update", notes, "--out", idx, "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    assert not report["added"] and report["unchanged"] == 6   # not idx/manifest.json, store.sqlite
+    r = invoke("index", "build", notes, "--out", tmp_path / "again", "--kind", "bm25")
+    assert r.exit_code == 0 and "idx/" not in r.plain and "read 6 file(s)" in r.flat
+
+
 def test_a_flat_index_takes_ids_on_its_first_update(tmp_path, minilm):
     notes = write_notes(tmp_path / "notes", n=6)
     idx = tmp_path / "idx"

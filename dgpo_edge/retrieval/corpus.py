@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import InputError
-from ..jsonio import read_jsonl
+from ..jsonio import ours, read_jsonl
 from ..protocol import Passage
 from .documents import (READABLE_SUFFIXES, DocRecord, DocReport, Section, Skip, html_sections, pdf_sections,
                         record_for, unsupported_reason)
@@ -257,7 +257,7 @@ def _text_files(root: Path, skipped: list[tuple[str, Path]] | None = None) -> li
     """
     found = []
     for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = _note_dirs(folder, dirs)
         for name in names:
             if not name.startswith("."):
                 file = Path(folder) / name
@@ -267,6 +267,13 @@ def _text_files(root: Path, skipped: list[tuple[str, Path]] | None = None) -> li
                 if readable or skipped is not None:
                     (found if readable else skipped).append((file.relative_to(root).as_posix(), file))
     return sorted(found)
+
+
+def _note_dirs(folder: str, dirs: list[str]) -> list[str]:
+    """The subfolders to walk: not hidden (.git, .obsidian), and not a folder dgpo-edge wrote (an
+    index or bundle kept inside the notes, `index build ~/notes --out ~/notes/idx`), whose files
+    are not notes and change with every update."""
+    return [d for d in dirs if not d.startswith(".") and not ours(Path(folder) / d)]
 
 
 def leads_out(file: Path, root: Path) -> bool:
@@ -282,7 +289,7 @@ def links_not_followed(root: Path) -> list[str]:
     """Relative paths of the folder links and the .txt/.md links out of `root` the walker skips."""
     out = []
     for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = _note_dirs(folder, dirs)
         for name in [*dirs, *(n for n in names if n.lower().endswith(TEXT_SUFFIXES))]:
             p = Path(folder) / name
             if not name.startswith(".") and p.is_symlink() and (name in dirs or leads_out(p, root)):
