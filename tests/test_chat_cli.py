@@ -26,10 +26,12 @@ def test_bundle_with_model_loads_like_ask(tmp_path):
     assert_one_line_error(result, str(tmp_path / "b"), "not a bundle: no manifest.json")
 
 
-@pytest.mark.parametrize("option", ["--bundle", "--model", "--index"])
-def test_a_missing_path_is_named(tmp_path, option):
+@pytest.mark.parametrize("option, what", [("--bundle", "no such bundle folder"),
+                                          ("--model", "no such model file or folder"),
+                                          ("--index", "no such index folder")])
+def test_a_missing_path_is_named(tmp_path, option, what):
     missing = tmp_path / "nowhere"
-    assert_one_line_error(invoke("chat", option, missing), str(missing), "no such file or directory")
+    assert_one_line_error(invoke("chat", option, missing), str(missing), what)
 
 
 def test_an_index_must_be_a_directory(tmp_path):

@@ -86,9 +86,10 @@ def check_terminal() -> None:
 def check_sources(bundle: Path | None, model: Path | None, index: Path | None) -> None:
     """Paths that must exist. As for `ask` and `eval`, --model/--index replace that part of the
     bundle (the default bundle when none is given)."""
-    for path in (bundle, model, index):
+    # worded as `ask` and `eval` word them (bundle.core, engines, retrieval.build)
+    for path, what in ((bundle, "bundle folder"), (model, "model file or folder"), (index, "index folder")):
         if path is not None and not path.expanduser().exists():
-            raise InputError("no such file or directory", path)
+            raise InputError(f"no such {what}", path)
     for path in (bundle, index):
         if path is not None and not path.expanduser().is_dir():
             raise InputError("not a directory", path)
