@@ -21,20 +21,23 @@ from rich.text import Text
 # Stages whose done/total are bytes, and the unit of the others.
 BYTE_STAGES = frozenset({"fingerprint", "hash", "verify"})
 UNITS = {"store": "passages", "embed": "passages", "add": "vectors", "factbook": "steps", "train": "steps",
-         "write": "steps", "model": "steps", "index": "steps", "evaluating": "questions", "tgo": "questions"}
+         "write": "steps", "model": "steps", "index": "steps", "evaluating": "questions", "tgo": "questions",
+         "scan": "files", "student": "steps"}
 # Samples kept for the rate: an hour, so slow stages still get an ETA after their second update.
 SPEED_WINDOW_S = 3600.0
 
 
 class AmountColumn(ProgressColumn):
-    """`12.3/45.6 MB` for byte stages, `512/10,303 passages` for the others."""
+    """`12.3/45.6 MB` for byte stages (kB under a megabyte: a notes folder is not `0.0/0.0 MB`),
+    `512/10,303 passages` for the others."""
 
     def render(self, task: Task) -> Text:
         unit = task.fields.get("unit", "")
         if unit == "bytes":
-            done = f"{task.completed / 1e6:,.1f}"
-            total = "?" if task.total is None else f"{task.total / 1e6:,.1f}"
-            return Text(f"{done}/{total} MB", style="progress.download")
+            scale, name = (1e3, "kB") if task.total is not None and task.total < 1e6 else (1e6, "MB")
+            done = f"{task.completed / scale:,.1f}"
+            total = "?" if task.total is None else f"{task.total / scale:,.1f}"
+            return Text(f"{done}/{total} {name}", style="progress.download")
         total = "?" if task.total is None else f"{int(task.total):,}"
         return Text(f"{int(task.completed):,}/{total} {unit}".rstrip(), style="progress.download")
 

@@ -60,6 +60,10 @@ def test_byte_stages_are_shown_in_megabytes():
     bar.update(task, completed=12_300_000)
     assert "12.3/45.6 MB" in render(bar)
     assert unit_of("hash") == unit_of("verify") == "bytes"
+    small = bar.add_task("reading corpus", total=52_400, unit=unit_of("fingerprint"))   # 260 notes
+    bar.update(small, completed=52_400)
+    assert "52.4/52.4 kB" in render(bar)
+    assert unit_of("scan") == "files" and unit_of("student") == "steps"
 
 
 def test_stage_bars_draw_on_stderr_only(capsys):
