@@ -19,8 +19,8 @@ from rich.markup import escape
 
 from ..errors import InputError
 from ..termtext import printable
-from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, max_searches_of, old_max_turns_option,
-                     console, err_console, user_errors)
+from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, check_search_options, max_searches_of,
+                     old_max_turns_option, console, err_console, user_errors)
 
 BUNDLE_HELP = "A bundle folder (default: the default bundle, built on first use)."
 MODEL_HELP = "A model: .gguf file (llama.cpp), ONNX folder (onnxruntime-genai) or transformers folder."
@@ -33,10 +33,7 @@ def agent_options(bundle: Optional[Path], model: Optional[Path], index: Optional
     """load_agent with the CLI's options (progress bars on stderr unless quiet)."""
     from ..bundle import load_agent
 
-    if top_k is not None and top_k < 1:
-        raise InputError(f"--top-k must be >= 1, got {top_k}")
-    if max_searches is not None and max_searches < 0:
-        raise InputError(f"--max-searches must be >= 0, got {max_searches}")
+    check_search_options(top_k, max_searches)
     return load_agent(bundle=bundle, model=model, index=index, threads=threads, top_k=top_k,
                       max_searches=max_searches, progress=not quiet, gpu_layers=gpu_layers, **kw)
 

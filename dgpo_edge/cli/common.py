@@ -52,6 +52,14 @@ def max_searches_of(max_searches: int | None, old_max_turns: int | None) -> int 
     return max_searches if old_max_turns is None else old_max_turns
 
 
+def check_search_options(top_k: int | None, max_searches: int | None) -> None:
+    """The agent's --top-k and --max-searches, named as the user typed them (ask, eval, serve)."""
+    if top_k is not None and top_k < 1:
+        raise InputError(f"--top-k must be >= 1, got {top_k}")
+    if max_searches is not None and max_searches < 0:
+        raise InputError(f"--max-searches must be >= 0, got {max_searches}")
+
+
 # What each extra's install line is; train needs torch first (its build depends on the machine).
 EXTRA_INSTALL = {"train": "pip install torch && pip install 'dgpo-edge[train]'"}
 

@@ -10,8 +10,8 @@ from rich.markup import escape
 
 from ..errors import InputError
 from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP
-from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, max_searches_of, old_max_turns_option,
-                     console, err_console, user_errors)
+from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, check_search_options, max_searches_of,
+                     old_max_turns_option, console, err_console, user_errors)
 
 
 @user_errors
@@ -45,6 +45,7 @@ def serve(
 
     if timeout <= 0:
         raise InputError(f"--timeout must be > 0, got {timeout}")
+    check_search_options(top_k, max_searches_of(max_searches, old_max_turns))
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
