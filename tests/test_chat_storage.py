@@ -132,6 +132,12 @@ def test_a_file_that_is_not_a_chat_history_is_a_clear_error(tmp_path):
     assert str(bad) in str(e.value) and "not a readable chat history" in str(e.value)
 
 
+def test_a_folder_given_as_the_history_is_named_as_one(tmp_path):
+    with pytest.raises(InputError, match="is a folder; give --history a file"):
+        ChatStore(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_newer_format_is_refused(tmp_path):
     path = tmp_path / "chats.sqlite"
     ChatStore(path)

@@ -106,6 +106,8 @@ class ChatStore:
         Read-only, so a file that is not ours (another application's database) is refused
         before anything could change it: no table created, no WAL switch, no pragma written.
         """
+        if self.path.is_dir():
+            raise InputError("is a folder; give --history a file (e.g. chats.sqlite inside it)", self.path)
         if not self.path.exists() or (self.path.is_file() and self.path.stat().st_size == 0):
             return False
         uri = "file:" + pathname2url(str(self.path.resolve())) + "?mode=ro"
