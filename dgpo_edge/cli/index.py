@@ -103,10 +103,7 @@ def update(
                                "index's, or when more than half of its documents would be deleted."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Re-read only new and changed files, drop deleted ones; no retraining until the index doubles.
-
-    Example: dgpo-edge index update ~/notes --out ~/notes-index
-    """
+    """Re-read only new and changed files, drop deleted ones; no retraining until the index doubles."""
     from ..retrieval.update import update_index
 
     if as_json:  # nothing but the JSON on stdout

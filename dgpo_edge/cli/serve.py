@@ -36,8 +36,7 @@ def serve(
 ) -> None:
     """Serve the agent with OpenAI's chat-completions API (plus /retrieve); Ctrl-C stops.
 
-    Example: dgpo-edge serve --index ~/notes-index --engines 2, then point any OpenAI client
-    at http://127.0.0.1:8080/v1 (any API key).
+    Then point any OpenAI client at http://127.0.0.1:8080/v1 (any API key).
     """
     from ..agent.http_app import ServeLimits, listen, make_app, make_server
     from ..bundle import load_pool
