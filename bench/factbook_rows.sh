@@ -5,7 +5,7 @@
 # KD-loss rows, several seeds, then greedy EM on whole splits. Every stage is skipped when done and every run resumes from its checkpoints/last, so a
 # cut or crashed lease continues where it stopped.
 #
-#   bench/factbook_rows.sh start                  # data, the pruned base, the KD start (the shipped adapter merged)
+#   bench/factbook_rows.sh start                  # data, the pruned base, the KD start (KD_ADAPTER merged)
 #   bench/factbook_rows.sh teacher                # the SFT teacher (train/configs/factbook-teacher-sft.yaml)
 #   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run (out/runs/rl-METHOD-sSEED) or KD-loss row
 #   bench/factbook_rows.sh name METHOD SEED       # the run folder's name that row trains (TAG, START as for row)
@@ -23,8 +23,8 @@
 # or kd_sft: the same recipe without a teacher, cross-entropy on the gold (oracle) trajectories -
 # Table 1's "student SFT on oracle" row (out/runs/kd-sft-sSEED; no teacher is loaded or waited for).
 # STEPS (default 200) sets the RL run length; the rest of each run is train/configs/factbook-{dgpo,ppo}.yaml. START=adapter trains
-# the shipped adapter itself (lora.init_from over the pruned base; the run is rl-METHOD-lora-sSEED
-# and its checkpoints/*/adapter is what the bundle ships); TAG=x appends -x to the run's name
+# KD_ADAPTER itself (lora.init_from over the pruned base; the run is rl-METHOD-lora-sSEED
+# and its checkpoints/*/adapter is what a bundle ships); TAG=x appends -x to the run's name
 # (e.g. for learning-rate variants). The KD start is KD_ADAPTER merged into its base, so a lease
 # spends no time on KD (bench/factbook_rl.sh prep trains one from scratch instead). Unset, KD_ADAPTER
 # is the KD start of the 24-layer Table 1: the 24-layer all-worlds KD student, which shipped from
@@ -49,6 +49,7 @@
 # 24-layer one at 53-66 GB (2026-11-28; 37 GB at 16), so two runs on one card take 16
 # (bench/factbook_lanes.sh does so by itself; the rows before commit 55174d2 all ran at 8).
 set -euo pipefail
+unset CDPATH   # a cd that prints its folder would spoil the `name` stage's output, which the lanes read
 cd "$(dirname "$0")/.."
 # The run folder a row trains, out/runs/NAME; bench/factbook_lanes.sh asks for it (`name METHOD SEED`)
 # rather than naming runs itself. Needs no KD_ADAPTER, so it comes before the digest below.
@@ -69,12 +70,15 @@ MICRO_BATCH=${MICRO_BATCH:-32}
 TABLE1_KD=out/kd-start-adapter/dgpo_edge/bundle/shipped/adapter TABLE1_KD_COMMIT=ba04eb7
 KD_ADAPTER=${KD_ADAPTER:-$TABLE1_KD}
 KD=
-need_kd() {  # sets KD, the merged KD start's folder (the stages that use it call this first)
+have_kd() {  # whether KD_ADAPTER is there (Table 1's default taken from git first, where there is git)
   if [ ! -f "$KD_ADAPTER/adapter_model.safetensors" ] && [ "$KD_ADAPTER" = "$TABLE1_KD" ]; then
     mkdir -p out/kd-start-adapter
     git archive "$TABLE1_KD_COMMIT" dgpo_edge/bundle/shipped/adapter 2>/dev/null | tar x -C out/kd-start-adapter 2>/dev/null || true
   fi
-  [ -f "$KD_ADAPTER/adapter_model.safetensors" ] || {
+  [ -f "$KD_ADAPTER/adapter_model.safetensors" ]
+}
+need_kd() {  # sets KD, the merged KD start's folder (the stages that use it call this first)
+  have_kd || {
     echo "error: no KD adapter at $KD_ADAPTER (Table 1's: git archive $TABLE1_KD_COMMIT dgpo_edge/bundle/shipped/adapter" \
          "| tar x -C out/kd-start-adapter; on a lease, bench/lease/prepare.sh's data call brings it)" >&2; exit 2; }
   # named after the adapter's digest, so another adapter never reuses a merged start
@@ -115,8 +119,14 @@ start)
   [ -f out/factbookqa/train.jsonl ] || "${de[@]}" data factbook --out out/factbookqa
   [ -d out/models/smollm2-135m ] || "${de[@]}" model from-gguf "$gguf" --out out/models/smollm2-135m
   [ -d $BASE ] || "${de[@]}" model prune out/models/smollm2-135m --keep-layers $LAYERS --out $BASE
-  need_kd
-  [ -d $KD ] || "${de[@]}" model merge $BASE --adapter "$KD_ADAPTER" --out $KD ;;
+  # the KD start; rows that do not start from it (the KD losses, PPO on the teacher, no cold start)
+  # run without it, and a row that does says what is missing
+  if have_kd; then
+    need_kd
+    [ -d $KD ] || "${de[@]}" model merge $BASE --adapter "$KD_ADAPTER" --out $KD
+  else
+    echo "note: no KD adapter at $KD_ADAPTER, so no KD start: the rows that start from it will stop" >&2
+  fi ;;
 teacher)
   gguf=${SMOL_GGUF:-$("$py" -c 'from dgpo_edge.train.models import smollm2_gguf; print(smollm2_gguf())')}
   # No dev evaluation inside the run: bench/factbook_eval.py measures the teacher on whole splits.
@@ -125,13 +135,14 @@ teacher)
 row)
   method=${1:?METHOD}; seed=${2:?SEED}; shift 2
   case $method in kd_forward_kl|kd_reverse_kl|kd_jsd|kd_seqkd|kd_sft) kd_row "$method" "$seed" "$@"; exit ;; esac
-  need_kd
-  start=(model.path=$KD)
-  if [ "${START:-merged}" = adapter ] && [ "$method" != teacher_ppo ]; then   # the teacher has no adapter
-    start=(model.path=$BASE lora.init_from=$KD_ADAPTER)
-  fi
   name=$(run_name "$method" "$seed")
   done_run "$name" && exit 0
+  start=()   # PPO on the teacher and DGPO without cold start name their own model.path below
+  case $method in teacher_ppo|dgpo_no_cold_start) ;; *)
+    need_kd
+    start=(model.path=$KD)
+    if [ "${START:-merged}" = adapter ]; then start=(model.path=$BASE lora.init_from=$KD_ADAPTER); fi ;;
+  esac
   common=(run.out_dir=out/runs/$name run.seed="$seed" "${start[@]}" optim.steps="$STEPS"
           eval.every=50 eval.batch_size=128 log.save_every=25 log.progress=false ppo.micro_batch=$MICRO_BATCH
           data.report=out/factbookqa/test.jsonl)

@@ -30,6 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NoReturn
 
+from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import read_jsonl
 
 TYPES = ("fact", "bridge", "comparison", "neighbour", "neighbour_bridge")
@@ -48,7 +49,11 @@ def load_rows(paths: list[str], names: dict[str, tuple[str, int]], rl_step: int 
     at_step = re.compile(rf"rl{rl_step}-(.+)-s(\d+)") if rl_step is not None else None
     for spec in paths:
         label, path = _label_and_path(spec)
-        for _, raw in read_jsonl(path):
+        try:
+            lines = list(read_jsonl(path))
+        except InputError as e:   # a missing or damaged rows file: one line, as every bad input here
+            fail(f"error: {e}")
+        for _, raw in lines:
             run = f"{label}/{raw['method']}" if label else raw["method"]
             name = names.get(run)
             if name is None and at_step and (m := at_step.fullmatch(run)):
@@ -141,7 +146,9 @@ def main() -> None:
         fail(f"error: --as names no row in the rows files: {', '.join(unmatched)}")
     pairs = []
     for spec in args.pair:
-        a, _, b = spec.partition(":")
+        a, colon, b = spec.partition(":")
+        if not (a and colon and b):
+            fail(f"error: --pair {spec}: give two methods, A:B")
         pairs.append({"a": a, "b": b, "split": "test",
                       **paired_bootstrap(per_question(rows, a), per_question(rows, b))})
         shared = sorted({r["seed"] for r in rows if r["method"] == a} & {r["seed"] for r in rows if r["method"] == b})

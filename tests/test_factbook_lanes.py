@@ -395,6 +395,37 @@ def test_unset_the_kd_start_is_table_1s_not_the_shipped_adapter(rows, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_rows_that_do_not_start_from_the_kd_student_need_no_adapter(rows, tmp_path):
+    # PPO on the teacher, DGPO without cold start, a finished row and `start` itself run without one
+    r, args = rows("teacher_ppo", KD_ADAPTER="")
+    assert r.returncode == 0, r.stderr
+    assert _value(args, "model.path") == "out/runs/factbook-teacher-sft/checkpoints/last"
+    r, args = rows("dgpo_no_cold_start", KD_ADAPTER="")
+    assert r.returncode == 0, r.stderr
+    assert _value(args, "model.path") == "out/models/smollm2-135m-24l"
+    done = tmp_path / "out" / "runs" / "rl-dgpo-s0"
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text("{}")
+    r, args = rows("dgpo", KD_ADAPTER="")
+    assert r.returncode == 0 and not args, r.stderr   # done: skipped, not refused
+    start = subprocess.run(["bash", str(tmp_path / "bench" / "factbook_rows.sh"), "start"],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHON": str(tmp_path / "py"), "CALLS": str(tmp_path / "calls.log"),
+                                "KD_ADAPTER": "", "SMOL_GGUF": "smol.gguf"})
+    assert start.returncode == 0, start.stderr
+    assert "no KD start: the rows that start from it will stop" in start.stderr
+    assert not any("merge" in line for line in (tmp_path / "calls.log").read_text().splitlines())
+
+
+def test_the_name_stage_prints_the_name_alone(tmp_path):
+    # the lanes read its output: a CDPATH that makes cd print its folder must not get in
+    (tmp_path / "bench").mkdir()
+    shutil.copy(ROOT / "bench" / "factbook_rows.sh", tmp_path / "bench")
+    r = subprocess.run(["bash", "bench/factbook_rows.sh", "name", "dgpo", "1"],   # relative, as the lanes call it
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, "CDPATH": ".:"})
+    assert r.returncode == 0 and r.stdout == "rl-dgpo-s1\n", (r.stdout, r.stderr)
+
+
 def test_the_rows_default_depth_is_the_shipped_adapters():
     # the default KD start (Table 1's) and the shipped adapter it became are 24-layer adapters;
     # merging one over a base of another depth is refused

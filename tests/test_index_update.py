@@ -149,7 +149,7 @@ def test_an_update_from_what_looks_like_another_folder_is_refused(tmp_path, monk
     lookalike.parent.mkdir()
     write_notes(lookalike, n=4)
     r = invoke("index", "update", lookalike, "--out", idx)
-    assert_one_line_error(r, "would delete 16 of the index's 20 documents")
+    assert_one_line_error(r, "would delete 16 documents, 16 of the index's 20 passages")
     assert (idx / "store.sqlite").read_bytes() == before
     monkeypatch.chdir(notes)   # "." is the folder it names
     (notes / "week-0" / "note-000.md").unlink()
@@ -158,6 +158,12 @@ def test_an_update_from_what_looks_like_another_folder_is_refused(tmp_path, monk
     assert json.loads(r.output)["deleted"] == ["week-0/note-000.md"]
     r = invoke("index", "update", lookalike, "--out", idx, "--force", "--json")
     assert r.exit_code == 0 and json.loads(r.output)["count"] == 4
+    # a link to the folder is the folder, by either name
+    link = tmp_path / "notes-link"
+    link.symlink_to(lookalike)
+    assert invoke("index", "update", link, "--out", idx, "--json").exit_code == 0
+    build_index(link, tmp_path / "by-link", kind="bm25")
+    assert invoke("index", "update", link, "--out", tmp_path / "by-link", "--json").exit_code == 0
 
 
 def test_an_index_kept_inside_its_notes_is_not_read_as_notes(tmp_path):
@@ -170,6 +176,11 @@ def test_an_index_kept_inside_its_notes_is_not_read_as_notes(tmp_path):
     assert not report["added"] and report["unchanged"] == 6   # not idx/manifest.json, store.sqlite
     r = invoke("index", "build", notes, "--out", tmp_path / "again", "--kind", "bm25")
     assert r.exit_code == 0 and "idx/" not in r.plain and "read 6 file(s)" in r.flat
+    # a notes world written as a folder (its manifest is dgpo-edge's too) is notes, and is read
+    world = notes / "world"
+    assert invoke("data", "build", "notes", "--out", world, "--size", "6", "--as-folder").exit_code == 0
+    r = invoke("index", "update", notes, "--out", idx, "--json")
+    assert r.exit_code == 0 and any(p.startswith("world/notes/people/") for p in json.loads(r.output)["added"])
 
 
 def test_a_flat_index_takes_ids_on_its_first_update(tmp_path, minilm):

@@ -103,5 +103,10 @@ def test_a_name_or_pair_without_rows_is_refused(tmp_path):
     assert r.returncode == 2 and "--as names no row in the rows files: rl150-dgpo-s9" in r.stderr
     r = table("--as", "rl150-dgpo-s0=dgpo", "--pair", "dgpo:ppo")
     assert r.returncode == 2 and "--pair: no test rows for method 'ppo'" in r.stderr
+    r = table("--as", "rl150-dgpo-s0=dgpo", "--pair", "dgpo")
+    assert r.returncode == 2 and "--pair dgpo: give two methods, A:B" in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "table1.py"), str(tmp_path / "gone.jsonl"),
+                        f"lab={tmp_path / 'gone.jsonl'}", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "gone.jsonl" in r.stderr
     assert not out.exists()
     assert table("--as", "rl150-dgpo-s0=dgpo").returncode == 0 and out.is_file()

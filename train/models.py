@@ -270,7 +270,9 @@ def check_out(out: str | Path, *sources: str | Path) -> None:
     own inputs, which the finished checkpoint would replace (`model prune m --out m`)."""
     out = Path(out)
     for source in sources:
-        if out.resolve() == Path(source).resolve():
+        # samefile also catches a case-insensitive file system's other spelling (m and M on macOS)
+        same = out.exists() and Path(source).exists() and os.path.samefile(out, source)
+        if same or out.resolve() == Path(source).resolve():
             raise InputError("is also this command's input, which the result would replace; give --out "
                              "another folder", out)
     check_replaceable(out)

@@ -100,7 +100,7 @@ def update(
     out: Path = typer.Option(..., "--out", help="The index directory to update (from `index build FOLDER --out DIR`)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads (default: library defaults)."),
     force: bool = typer.Option(False, "--force", help="Update even from a folder of another name than the "
-                               "index's, or when more than half of its documents would be deleted."),
+                               "index's, or when more than half of its passages would be deleted."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Re-read only new and changed files, drop deleted ones; no retraining until the index doubles."""

@@ -202,7 +202,13 @@ def corpus_fingerprint(corpus: str | Path, fmt: str | None = None,
                 if progress is not None:
                     progress("fingerprint", done, total)
         entries.append((rel, size, h.hexdigest()))
-    return source_fingerprint(corpus.resolve().name, fmt, entries)   # "." records the folder's own name
+    return source_fingerprint(source_name(corpus), fmt, entries)
+
+
+def source_name(path: Path) -> str:
+    """The name the manifest keeps for the corpus (`index update` compares it): as given, but the
+    folder's own name for "." or "..", which name no folder."""
+    return path.name if path.name not in ("", "..") else path.resolve().name
 
 
 def source_fingerprint(name: str, fmt: str, entries: list[tuple[str, int, str]]) -> dict[str, Any]:

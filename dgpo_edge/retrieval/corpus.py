@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import InputError
-from ..jsonio import ours, read_jsonl
+from ..jsonio import our_manifest, read_jsonl
 from ..protocol import Passage
 from .documents import (READABLE_SUFFIXES, DocRecord, DocReport, Section, Skip, html_sections, pdf_sections,
                         record_for, unsupported_reason)
@@ -270,10 +270,15 @@ def _text_files(root: Path, skipped: list[tuple[str, Path]] | None = None) -> li
 
 
 def _note_dirs(folder: str, dirs: list[str]) -> list[str]:
-    """The subfolders to walk: not hidden (.git, .obsidian), and not a folder dgpo-edge wrote (an
-    index or bundle kept inside the notes, `index build ~/notes --out ~/notes/idx`), whose files
-    are not notes and change with every update."""
-    return [d for d in dirs if not d.startswith(".") and not ours(Path(folder) / d)]
+    """The subfolders to walk: not hidden (.git, .obsidian), and not an index or a bundle dgpo-edge
+    wrote (kept inside the notes, `index build ~/notes --out ~/notes/idx`), whose files are not notes
+    and change with every update. A world written as notes (`data build notes --as-folder`) is read."""
+    return [d for d in dirs if not d.startswith(".") and not _index_or_bundle(Path(folder) / d)]
+
+
+def _index_or_bundle(folder: Path) -> bool:
+    manifest = our_manifest(folder)
+    return manifest is not None and ("store" in manifest or "format" in manifest)
 
 
 def leads_out(file: Path, root: Path) -> bool:

@@ -41,7 +41,7 @@ from ..errors import InputError
 from ..protocol import Passage
 from .base import Encoder, EncoderSpec
 from .build import (DEFAULT_WORDS, LOCK_FILE, WORK_MARKER, Progress, _locked, build_index, claim_work_folder,
-                    install_files, source_entry, source_fingerprint, verify_files)
+                    install_files, source_entry, source_fingerprint, source_name, verify_files)
 from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, write_manifest
 from .corpus import _text_files, detect_format, read_document
 from .documents import READABLE_SUFFIXES, DocRecord, DocReport, record_for
@@ -63,6 +63,7 @@ class Changes:
     add: list[Passage] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
     touched: bool = False  # only mtimes changed: records to rewrite, no passages
+    deleted_passages: int = 0  # the passages of deleted files (not of changed ones)
 
     def report(self) -> dict[str, Any]:
         return {"added": self.added, "changed": self.changed, "deleted": self.deleted,
@@ -86,10 +87,11 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
     if not old:
         raise InputError("this index has no per-file records (built before `index update` existed); "
                          "rebuild it once with `dgpo-edge index build --overwrite`", out)
-    documents = len(old)
+    if not force:   # before the scan reads a wrong folder's every file
+        check_source_name(folder, m)
     changes = scan(folder, old, emit)
     if not force:
-        check_same_source(folder, m, changes, documents)
+        check_deletions(folder, m, changes)
     base = {**changes.report(), "count": m["count"], "retrained": False, "manifest": m}
     if not (changes.add or changes.drop or changes.touched):
         return base
@@ -112,19 +114,26 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
     return {**base, "count": manifest["count"], "manifest": manifest}
 
 
-def check_same_source(folder: Path, manifest: dict[str, Any], changes: Changes, documents: int) -> None:
-    """Refuse an update from what is likely the wrong folder: the update deletes every document the
-    folder lacks, so a typo (~/notes/teams for ~/notes) would empty the index. The manifest keeps the
-    folder's name only (no path: an index may be shared), so a renamed folder needs --force too."""
-    built_from, name = (manifest.get("source") or {}).get("corpus"), folder.resolve().name
-    if built_from and built_from != name:   # an index built from "." before its name was kept has ""
-        raise InputError(f"this index was built from a folder named {built_from!r}, not {name!r}; "
+def check_source_name(folder: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a folder of another name than the one the index was built from: the update deletes every
+    document the folder lacks, so a typo (~/notes/teams for ~/notes) would empty the index. The
+    manifest keeps the folder's name only (no path: an index may be shared), so a renamed folder
+    needs --force. The name as typed or as resolved (a link to the folder, "..") both count."""
+    built_from = (manifest.get("source") or {}).get("corpus")
+    names = {folder.name, folder.resolve().name, source_name(folder)}
+    if built_from and built_from not in names:   # an index built from "." before names were kept has ""
+        raise InputError(f"this index was built from a folder named {built_from!r}, not {source_name(folder)!r}; "
                          "pass --force to update it from this one (the index's documents it lacks are "
                          "deleted)", folder)
-    if documents > 1 and 2 * len(changes.deleted) > documents:
-        raise InputError(f"the update would delete {len(changes.deleted)} of the index's {documents} documents "
-                         "(this folder lacks them): is it the folder the index was built from? Pass --force "
-                         "to delete them", folder)
+
+
+def check_deletions(folder: Path, manifest: dict[str, Any], changes: Changes) -> None:
+    """Refuse an update that deletes most of the index: an old copy of the folder, or a folder of the
+    same name elsewhere. Counted in passages, so records of files that gave none do not count."""
+    if 2 * changes.deleted_passages > manifest["count"]:
+        raise InputError(f"the update would delete {len(changes.deleted)} documents, {changes.deleted_passages} "
+                         f"of the index's {manifest['count']} passages (this folder lacks them): is it the "
+                         "folder the index was built from? Pass --force to delete them", folder)
 
 
 # --- what changed ------------------------------------------------------------------------------------------
@@ -152,6 +161,7 @@ def scan(folder: Path, old: dict[str, DocRecord], emit: Progress) -> Changes:
     for rel, prev in sorted(old.items()):
         c.deleted.append(rel)
         c.drop.extend(f"{rel}#{k}" for k in range(prev.passages))
+        c.deleted_passages += prev.passages
     return c
 
 
@@ -187,7 +197,7 @@ def _apply(folder: Path, out: Path, stage: Path, m: dict[str, Any], c: Changes,
     with PassageStore(stage / STORE_FILE) as store:
         count = len(store)
     report = DocReport(c.records)
-    fp = source_fingerprint(folder.resolve().name, "text", [(r.path, r.size, r.sha256) for r in c.records if r.sha256])
+    fp = source_fingerprint(source_name(folder), "text", [(r.path, r.size, r.sha256) for r in c.records if r.sha256])
     fields = {k: v for k, v in m.items() if k not in ("files", "count", "source", "updated")}
     fields.update(count=count, source=source_entry(fp, report.summary()),
                   updated=datetime.now(timezone.utc).isoformat(timespec="seconds"))
