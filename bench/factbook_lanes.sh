@@ -101,6 +101,8 @@ failed=out/logs/lanes.failed   # what failed (rows, the teacher, an evaluation):
 rm -f $teacher_state $failed out/logs/lanes.done
 if [ "${SKIP_PREP:-0}" != 1 ]; then
   log "start"; bash $rows start > out/logs/lanes-start.log 2>&1 || { log "start failed (out/logs/lanes-start.log)"; exit 1; }
+  # which KD student the rows start from (its digest names the merged start), for the record
+  log "$(grep -m1 -e '^KD start:' -e '^note: no KD adapter' out/logs/lanes-start.log || echo 'KD start: not reported')"
   log "teacher"
   ( if CUDA_VISIBLE_DEVICES=${gpus[0]} timeout "$(left)" bash $rows teacher > out/logs/lanes-teacher.log 2>&1; then
       echo ok; else echo failed; echo teacher >> $failed; fi \

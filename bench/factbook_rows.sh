@@ -124,6 +124,7 @@ start)
   if have_kd; then
     need_kd
     [ -d $KD ] || "${de[@]}" model merge $BASE --adapter "$KD_ADAPTER" --out $KD
+    echo "KD start: $KD (KD_ADAPTER=$KD_ADAPTER)"
   else
     echo "note: no KD adapter at $KD_ADAPTER, so no KD start: the rows that start from it will stop" >&2
   fi ;;

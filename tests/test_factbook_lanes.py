@@ -54,6 +54,7 @@ def test_rows_run_on_their_gpus_after_the_teacher_with_their_own_variants(lanes)
     assert r.returncode == 0, r.stderr
     calls = (root / "out" / "calls.log").read_text().splitlines()
     assert calls[0] == "start | gpu= tag="
+    assert "KD start: not reported" in (root / "out" / "logs" / "lanes.log").read_text()   # the stand-in says none
     # the rows that need the teacher start after it (PPO needs none: it may log first, run beside it)
     teacher = calls.index("teacher | gpu=0 tag=")
     assert all(calls.index(c) > teacher for c in calls if c.startswith(("row dgpo", "row kd_")))
@@ -112,6 +113,15 @@ def test_a_kd_row_waits_for_the_run_its_kd_teacher_names(lanes):
     r = run("0=teacher_ppo:0", "1=kd_jsd:0:rlt", REFS="", VARIANT_rlt="kd.teacher=out/runs/rl-teacher_ppo-s0/checkpoints/best")
     assert r.returncode == 0, r.stderr
     assert (root / "out" / "order.log").read_text().splitlines() == ["kd after the teacher"]
+
+
+def test_the_lanes_log_names_the_kd_start(lanes):
+    root, run = lanes
+    stub = root / "bench" / "factbook_rows.sh"
+    stub.write_text(stub.read_text().replace(
+        "case $1 in\n", "case $1 in\n  start) echo 'KD start: out/models/kd-start-abc123 (KD_ADAPTER=x)' ;;\n", 1))
+    assert run("0=ppo:0", REFS="").returncode == 0
+    assert "] KD start: out/models/kd-start-abc123 (KD_ADAPTER=x)" in (root / "out" / "logs" / "lanes.log").read_text()
 
 
 def test_the_sft_row_needs_no_teacher(lanes):
@@ -415,6 +425,16 @@ def test_rows_that_do_not_start_from_the_kd_student_need_no_adapter(rows, tmp_pa
     assert start.returncode == 0, start.stderr
     assert "no KD start: the rows that start from it will stop" in start.stderr
     assert not any("merge" in line for line in (tmp_path / "calls.log").read_text().splitlines())
+    table1 = tmp_path / "out" / "kd-start-adapter" / "dgpo_edge" / "bundle" / "shipped" / "adapter"
+    table1.mkdir(parents=True)
+    (table1 / "adapter_model.safetensors").write_bytes(b"table 1")
+    start = subprocess.run(["bash", str(tmp_path / "bench" / "factbook_rows.sh"), "start"],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHON": str(tmp_path / "py"), "CALLS": str(tmp_path / "calls.log"),
+                                "KD_ADAPTER": "", "SMOL_GGUF": "smol.gguf"})
+    digest = hashlib.sha256(b"table 1").hexdigest()[:12]
+    assert start.returncode == 0 and f"KD start: out/models/kd-start-{digest} (KD_ADAPTER=out/kd-start-adapter/" \
+        in start.stdout, start.stderr
 
 
 def test_the_name_stage_prints_the_name_alone(tmp_path):
