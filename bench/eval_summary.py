@@ -24,17 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from table1 import fail, paired_bootstrap  # noqa: E402
-
-from dgpo_edge.errors import InputError  # noqa: E402
-from dgpo_edge.jsonio import read_jsonl  # noqa: E402
-
-
-def _rows(path: Path) -> list[dict]:
-    try:
-        return [row for _, row in read_jsonl(path)]
-    except InputError as e:
-        fail(f"error: {e}")
+from table1 import fail, paired_bootstrap, read_rows  # noqa: E402
 
 
 def summarize(predictions: list[dict], questions: dict[str, dict]) -> dict:
@@ -82,12 +72,12 @@ def main() -> None:
     p.add_argument("--against", type=Path, help="an earlier results file of this shape, to pair with")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    predictions = _rows(args.eval_dir / "predictions.jsonl")
-    questions = {q["id"]: q for q in _rows(args.data)}
+    predictions = read_rows(args.eval_dir / "predictions.jsonl")
+    questions = {q["id"]: q for q in read_rows(args.data)}
     row = {"questions": args.questions, "command": args.command, **summarize(predictions, questions)}
     if args.against:
-        row["paired"] = {"against": f"{args.against.name} ({json.loads(args.against.read_text())['student']})",
-                         **paired(row, json.loads(args.against.read_text())["rows"][0])}
+        earlier = json.loads(args.against.read_text())
+        row["paired"] = {"against": f"{args.against.name} ({earlier['student']})", **paired(row, earlier["rows"][0])}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     doc = {"card": args.card, "commit": commit, "student": args.student,
            "date": dt.date.today().isoformat(), "note": args.note, "rows": [row]}

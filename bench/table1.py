@@ -44,16 +44,20 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def read_rows(path: str | Path) -> list[dict]:
+    """A jsonl file's rows; a missing or damaged file is one line, as every bad input here."""
+    try:
+        return [row for _, row in read_jsonl(path)]
+    except InputError as e:
+        fail(f"error: {e}")
+
+
 def load_rows(paths: list[str], names: dict[str, tuple[str, int]], rl_step: int | None = None) -> list[dict]:
     rows = []
     at_step = re.compile(rf"rl{rl_step}-(.+)-s(\d+)") if rl_step is not None else None
     for spec in paths:
         label, path = _label_and_path(spec)
-        try:
-            lines = list(read_jsonl(path))
-        except InputError as e:   # a missing or damaged rows file: one line, as every bad input here
-            fail(f"error: {e}")
-        for _, raw in lines:
+        for raw in read_rows(path):
             run = f"{label}/{raw['method']}" if label else raw["method"]
             name = names.get(run)
             if name is None and at_step and (m := at_step.fullmatch(run)):

@@ -75,7 +75,7 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
                  retrain_factor: float = RETRAIN_FACTOR, force: bool = False) -> dict[str, Any]:
     """Update the index in `out` from `folder`; return a report (see `Changes.report`, plus
     `count`, `retrained` and `manifest`). Without `force`, a folder that does not look like the one
-    the index was built from (see `check_same_source`) is refused before anything changes."""
+    the index was built from (`check_source_name`, `check_deletions`) is refused before anything changes."""
     folder, out = Path(folder), Path(out)
     emit = progress or (lambda stage, done, total: None)
     m = verify_files(out)
@@ -120,7 +120,7 @@ def check_source_name(folder: Path, manifest: dict[str, Any]) -> None:
     manifest keeps the folder's name only (no path: an index may be shared), so a renamed folder
     needs --force. The name as typed or as resolved (a link to the folder, "..") both count."""
     built_from = (manifest.get("source") or {}).get("corpus")
-    names = {folder.name, folder.resolve().name, source_name(folder)}
+    names = {folder.name, folder.resolve().name}   # source_name(folder) is one of these
     if built_from and built_from not in names:   # an index built from "." before names were kept has ""
         raise InputError(f"this index was built from a folder named {built_from!r}, not {source_name(folder)!r}; "
                          "pass --force to update it from this one (the index's documents it lacks are "
