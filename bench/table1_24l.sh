@@ -8,12 +8,16 @@
 #   193732f  PPO on the teacher again, DGPO from it (rlt/): 2 x H200, 2026-11-29
 #   b22c911  the teacher again, DGPO with the teacher term on every rollout, KD with reverse KL and
 #            SeqKD (abl/): 1 x H200, 2026-11-29
+#   1be926d  the teacher again, the sft row (kd_sft), KD with forward KL and GKD-JSD in the FactbookQA
+#            recipe, GRPO to 50 steps, DGPO seed 1 again (to 176 steps: its third seed at 150) (fill/):
+#            1 x H200, 2026-11-29
 # PYTHON (.venv/bin/python when there is one, else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 r=bench/results
 "$py" bench/table1.py $r/factbook_rows_2a0234c.jsonl rlt=$r/factbook_rows_193732f.jsonl abl=$r/factbook_rows_b22c911.jsonl \
+  fill=$r/factbook_rows_1be926d.jsonl \
   --rl-step 200 --as base=base --as kd=kd --as teacher=teacher \
   --as rl100-teacher_ppo-s0=teacher_ppo --as rl200-teacher_ppo-s0=teacher_ppo_200steps \
   --as rl100-dgpo-s0=dgpo_100steps@0 --as rl100-dgpo-s1=dgpo_100steps@1 --as rl100-dgpo-s2=dgpo_100steps@2 \
@@ -27,6 +31,10 @@ r=bench/results
   --as abl/rl100-dgpo_all_rollouts-s0=dgpo_all_rollouts_100steps@0 \
   --as abl/rl150-dgpo_all_rollouts-s0=dgpo_all_rollouts_150steps@0 \
   --as abl/kd-reverse_kl-s0-step525=kd_reverse_kl --as abl/kd-seqkd-s0-step498=kd_seqkd \
+  --as fill/teacher=teacher_1be926d --as fill/kd-sft-s0-step525=sft \
+  --as fill/kd-forward_kl-s0-step525=kd_forward_kl --as fill/kd-jsd-s0-step525=kd_jsd \
+  --as fill/rl50-grpo-g50-s0=grpo@0 --as fill/rl150-dgpo-s1=dgpo_150steps@1 \
+  --as fill/rl100-dgpo-s1=dgpo_rerun_100steps@1 \
   --pair dgpo:ppo --pair dgpo:kd --pair ppo:kd --pair dgpo:teacher --pair dgpo:teacher_ppo --pair teacher_ppo:teacher \
   --pair ppo:teacher --pair dgpo_100steps:ppo_100steps --pair dgpo_100steps:kd --pair ppo_100steps:kd \
   --pair dgpo_ppo_teacher_100steps:ppo_100steps --pair dgpo_ppo_teacher_100steps:kd \
@@ -37,4 +45,8 @@ r=bench/results
   --pair dgpo_all_rollouts:teacher_b22c911 --pair dgpo_all_rollouts_100steps:dgpo_100steps \
   --pair dgpo_all_rollouts_150steps:dgpo_150steps --pair kd_seqkd:kd --pair kd_reverse_kl:kd \
   --pair kd_seqkd:teacher_b22c911 --pair teacher_b22c911:teacher \
+  --pair dgpo_150steps:ppo_150steps --pair dgpo_150steps:kd --pair ppo_150steps:kd --pair sft:kd --pair kd_forward_kl:kd --pair kd_seqkd:kd_forward_kl \
+  --pair sft:kd_forward_kl --pair sft:teacher_1be926d --pair kd_forward_kl:teacher_1be926d \
+  --pair grpo:ppo --pair grpo:dgpo --pair grpo:kd --pair grpo:dgpo_all_rollouts \
+  --pair dgpo_rerun_100steps:dgpo_100steps --pair teacher_1be926d:teacher \
   --per-seed --out "${OUT:-$r/factbook_table1_24l.json}"
