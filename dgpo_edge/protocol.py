@@ -54,6 +54,13 @@ _ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
+#: The most a person may ask of the agent's search settings: `--top-k` and `--max-searches` of
+#: ask, chat, eval and serve, and the chat's settings screen. Generous: under the default budgets
+#: (500 tokens an observation, 4,096 an episode) more would be cut off before the model read them.
+MAX_TOP_K = 20
+MAX_SEARCHES = 16
+
+
 @dataclass(frozen=True)
 class ProtocolConfig:
     """Episode limits. Defaults are DGPO's (its `topk=3`, and `max_turns=4`, which counts the

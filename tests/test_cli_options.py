@@ -104,6 +104,59 @@ def test_the_old_max_turns_still_parses_but_is_hidden(path):
     assert "--max-turns" not in invoke(*path.split(), "-h").plain
 
 
+# ------------------------------------------------------------------- the agent's search options
+
+AGENT = {"ask": ["q"], "chat": [], "eval": ["--data", "DATA"], "serve": ["--port", "0"]}
+
+
+def agent_args(path: str, tmp_path: Path, *extra: str) -> list[str]:
+    """`path`'s required arguments, a missing --model and --index (so that options the check lets
+    through end at once in "no such model", not in building the default bundle) and `extra`."""
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"question": "q", "golden_answers": ["a"]}\n')
+    args = [str(data) if a == "DATA" else a for a in AGENT[path]]
+    return [*path.split(), *args, "--model", str(tmp_path / "no-model.gguf"), "--index", str(tmp_path / "no-index"),
+            *extra]
+
+
+@pytest.mark.parametrize("path", sorted(AGENT))
+@pytest.mark.parametrize("extra, needle", [
+    (["-k", "0"], "--top-k must be in 1..20, got 0"),
+    (["--top-k", "21"], "--top-k must be in 1..20, got 21"),
+    (["--max-searches", "-1"], "--max-searches must be in 0..16, got -1"),
+    (["--max-searches", "17"], "--max-searches must be in 0..16, got 17"),
+    (["--max-turns", "17"], "--max-searches must be in 0..16, got 17"),   # the old spelling, the same range
+])
+def test_the_agent_commands_share_one_range_for_the_search_options(path, extra, needle, tmp_path, monkeypatch):
+    """ask, chat, eval and serve: one check (chat alone capped --top-k at 20, with a Rich box)."""
+    from cli_helpers import assert_one_line_error
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert_one_line_error(invoke(*agent_args(path, tmp_path, *extra)), needle)
+
+
+@pytest.mark.parametrize("path", sorted(AGENT))
+def test_the_ends_of_the_ranges_are_taken(path, tmp_path, monkeypatch):
+    from cli_helpers import assert_one_line_error
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for extra in (["-k", "20", "--max-searches", "16"], ["-k", "1", "--max-searches", "0"]):
+        assert_one_line_error(invoke(*agent_args(path, tmp_path, *extra)), "no such model", "no-model.gguf")
+
+
+def test_the_ranges_are_the_chat_settings_screens():
+    """A chat started with -k 20 opens a settings screen that can save it."""
+    pytest.importorskip("textual")
+    from textual.validation import Integer
+
+    from dgpo_edge.apps.chat import screens
+    from dgpo_edge.protocol import MAX_SEARCHES, MAX_TOP_K
+
+    assert (screens.MAX_TOP_K, screens.MAX_SEARCHES) == (MAX_TOP_K, MAX_SEARCHES) == (20, 16)
+    assert Integer(1, screens.MAX_TOP_K).validate("20").is_valid
+    assert not Integer(1, screens.MAX_TOP_K).validate("21").is_valid
+
+
 def test_bundle_info_json_before_the_default_bundle_exists(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     r = invoke("bundle", "info", "--json")

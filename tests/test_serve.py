@@ -352,8 +352,8 @@ def test_without_the_serve_extra_it_says_what_to_install(index, monkeypatch):
     assert_one_line_error(invoke("serve", "--index", index, "--port", 0), "pip install 'dgpo-edge[serve]'")
 
 
-@pytest.mark.parametrize("args, needle", [(["-k", "0"], "--top-k must be >= 1, got 0"),
-                                          (["--max-searches", "-1"], "--max-searches must be >= 0, got -1")])
+@pytest.mark.parametrize("args, needle", [(["-k", "0"], "--top-k must be in 1..20, got 0"),
+                                          (["--max-searches", "-1"], "--max-searches must be in 0..16, got -1")])
 def test_bad_search_options_are_named_as_typed(index, args, needle):
     # one line with the option's own name, before anything loads (it said "top_k", the config's name)
     from cli_helpers import assert_one_line_error, invoke

@@ -14,10 +14,9 @@ from textual.validation import Integer
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from .storage import HISTORY_ERRORS, ChatStore, ChatSummary
+from dgpo_edge.protocol import MAX_SEARCHES, MAX_TOP_K
 
-MAX_TOP_K = 20
-MAX_SEARCHES = 16
+from .storage import HISTORY_ERRORS, ChatStore, ChatSummary
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from rich.markup import escape
 
 from ..errors import InputError
 from ..termtext import printable
-from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, check_search_options, max_searches_of,
-                     old_max_turns_option, console, err_console, user_errors)
+from .common import (GPU_LAYERS_HELP, check_search_options, console, err_console, max_searches_of,
+                     max_searches_option, old_max_turns_option, top_k_option, user_errors)
 
 BUNDLE_HELP = "A bundle folder (default: the default bundle, built on first use)."
 MODEL_HELP = "A model: .gguf file (llama.cpp), ONNX folder (onnxruntime-genai) or transformers folder."
@@ -47,9 +47,8 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
     steps: bool = typer.Option(False, "--steps", help="Stream the model's text, searches and passages."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: the libraries')."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help=f"{TOP_K_HELP} (default: the bundle's, 3)."),
-    max_searches: Optional[int] = typer.Option(None, "--max-searches",
-                                               help=f"{MAX_SEARCHES_HELP} (default: the bundle's, 4)."),
+    top_k: Optional[int] = top_k_option(),
+    max_searches: Optional[int] = max_searches_option(),
     old_max_turns: Optional[int] = old_max_turns_option(),
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help=GPU_LAYERS_HELP),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds."),

@@ -15,11 +15,8 @@ from typing import Any, Optional
 import typer
 
 from ..errors import InputError
-from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, max_searches_of, old_max_turns_option,
-                     user_errors)
-
-MAX_TOP_K = 20     # kept equal to the settings screen's limits (apps/chat/screens.py)
-MAX_SEARCHES = 16
+from .common import (GPU_LAYERS_HELP, check_search_options, max_searches_of, max_searches_option,
+                     old_max_turns_option, top_k_option, user_errors)
 
 
 @user_errors
@@ -28,11 +25,9 @@ def chat(
                                           "Default: the built-in default bundle."),
     model: Optional[Path] = typer.Option(None, "--model", help="A model: .gguf file, ONNX or transformers folder."),
     index: Optional[Path] = typer.Option(None, "--index", help="An index directory (`dgpo-edge index build`)."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", "-k", min=1, max=MAX_TOP_K,
-                                        help=f"{TOP_K_HELP} (default: the bundle's, else 3)."),
-    max_searches: Optional[int] = typer.Option(None, "--max-searches", min=0, max=MAX_SEARCHES,
-                                               help=f"{MAX_SEARCHES_HELP} (default: the bundle's, else 4)."),
-    old_max_turns: Optional[int] = old_max_turns_option(min=0, max=MAX_SEARCHES),
+    top_k: Optional[int] = top_k_option(),
+    max_searches: Optional[int] = max_searches_option(),
+    old_max_turns: Optional[int] = old_max_turns_option(),
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", min=-1, help=GPU_LAYERS_HELP),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for the model."),
     history: Optional[Path] = typer.Option(None, "--history", help="Chat history file. "
@@ -52,6 +47,7 @@ def build_app(bundle: Path | None = None, model: Path | None = None, index: Path
 
     `need_terminal`: refuse, before the model loads, when stdin or stdout is not a terminal (a
     full-screen app there would wait for keys that never come)."""
+    check_search_options(top_k, max_searches)
     check_sources(bundle, model, index)
     try:
         from ..apps.chat.app import ChatApp

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import InputError
+from ..protocol import MAX_SEARCHES, MAX_TOP_K
 
 F = TypeVar("F", bound=Callable)
 
@@ -52,12 +53,25 @@ def max_searches_of(max_searches: int | None, old_max_turns: int | None) -> int 
     return max_searches if old_max_turns is None else old_max_turns
 
 
+def top_k_option() -> Any:
+    """The agent's `--top-k` (ask, chat, eval, serve); `check_search_options` checks it."""
+    return typer.Option(None, "--top-k", "-k", help=f"{TOP_K_HELP}, 1 to {MAX_TOP_K} (default: the bundle's, "
+                                                    "else 3).")
+
+
+def max_searches_option() -> Any:
+    """The agent's `--max-searches` (ask, chat, eval, serve); `check_search_options` checks it."""
+    return typer.Option(None, "--max-searches", help=f"{MAX_SEARCHES_HELP}, 0 to {MAX_SEARCHES} (default: the "
+                                                     "bundle's, else 4).")
+
+
 def check_search_options(top_k: int | None, max_searches: int | None) -> None:
-    """The agent's --top-k and --max-searches, named as the user typed them (ask, eval, serve)."""
-    if top_k is not None and top_k < 1:
-        raise InputError(f"--top-k must be >= 1, got {top_k}")
-    if max_searches is not None and max_searches < 0:
-        raise InputError(f"--max-searches must be >= 0, got {max_searches}")
+    """The agent's --top-k and --max-searches (ask, chat, eval, serve), named as the user typed them,
+    in the ranges the chat's settings screen also keeps (protocol.MAX_TOP_K, protocol.MAX_SEARCHES)."""
+    if top_k is not None and not 1 <= top_k <= MAX_TOP_K:
+        raise InputError(f"--top-k must be in 1..{MAX_TOP_K}, got {top_k}")
+    if max_searches is not None and not 0 <= max_searches <= MAX_SEARCHES:
+        raise InputError(f"--max-searches must be in 0..{MAX_SEARCHES}, got {max_searches}")
 
 
 # What each extra's install line is; train needs torch first (its build depends on the machine).

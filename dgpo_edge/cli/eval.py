@@ -19,8 +19,8 @@ import typer
 from rich.markup import escape
 
 from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP, agent_options
-from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, max_searches_of, old_max_turns_option,
-                     console, err_console, user_errors)
+from .common import (GPU_LAYERS_HELP, console, err_console, max_searches_of, max_searches_option,
+                     old_max_turns_option, top_k_option, user_errors)
 
 
 @user_errors
@@ -34,9 +34,8 @@ def eval_command(
     out: Path = typer.Option(Path("out/eval"), "--out", help="Folder for predictions and the report."),
     fmt: str = typer.Option("auto", "--format", help="Dataset format (auto-detected by default)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: the libraries')."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help=f"{TOP_K_HELP} (default: the bundle's, 3)."),
-    max_searches: Optional[int] = typer.Option(None, "--max-searches",
-                                               help=f"{MAX_SEARCHES_HELP} (default: the bundle's, 4)."),
+    top_k: Optional[int] = top_k_option(),
+    max_searches: Optional[int] = max_searches_option(),
     old_max_turns: Optional[int] = old_max_turns_option(),
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help=GPU_LAYERS_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard earlier predictions in --out."),

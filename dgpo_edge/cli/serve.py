@@ -10,8 +10,8 @@ from rich.markup import escape
 
 from ..errors import InputError
 from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP
-from .common import (GPU_LAYERS_HELP, MAX_SEARCHES_HELP, TOP_K_HELP, check_search_options, max_searches_of,
-                     old_max_turns_option, console, err_console, user_errors)
+from .common import (GPU_LAYERS_HELP, check_search_options, console, err_console, max_searches_of,
+                     max_searches_option, old_max_turns_option, top_k_option, user_errors)
 
 
 @user_errors
@@ -28,9 +28,8 @@ def serve(
                                   help="Seconds a request may wait for an engine, and then to answer."),
     model_name: str = typer.Option("dgpo-edge", "--model-name", help="The model id /v1/models lists."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads per engine."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help=f"{TOP_K_HELP} (default: the bundle's, 3)."),
-    max_searches: Optional[int] = typer.Option(None, "--max-searches",
-                                               help=f"{MAX_SEARCHES_HELP} (default: the bundle's, 4)."),
+    top_k: Optional[int] = top_k_option(),
+    max_searches: Optional[int] = max_searches_option(),
     old_max_turns: Optional[int] = old_max_turns_option(),
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help=GPU_LAYERS_HELP),
 ) -> None:
