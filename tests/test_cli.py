@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -66,6 +67,32 @@ def test_installed_entry_point():
     module = subprocess.run([sys.executable, "-m", "dgpo_edge", "--version"], capture_output=True, text=True,
                             timeout=60)
     assert module.returncode == 0 and module.stdout == done.stdout, module.stderr
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["serve", "--port", "70000"], ["'--port'", "65535", "(see 'dgpo-edge serve -h')"]),   # a Typer range
+    (["index", "search", "IDX", "q", "-k", "101"], ["'--top-k'", "100", "(see 'dgpo-edge index search -h')"]),
+    (["ask"], ["Missing argument", "(see 'dgpo-edge ask -h')"]),
+    (["ask", "q", "--bogus"], ["No such option: --bogus"]),
+    (["train", "sft"], ["Missing option '--config'"]),
+    (["index", "serch"], ["No such command 'serch'. Did you mean 'search'"]),
+    (["--bogus"], ["No such option: --bogus", "(see 'dgpo-edge -h')"]),
+])
+def test_usage_errors_are_one_line_and_exit_2(args, needles, tmp_path):
+    """As other bad input: one `error:` line naming the option, not click's usage lines and a Rich box."""
+    assert_one_line_error(invoke(*[str(tmp_path) if a == "IDX" else a for a in args]), *needles)
+
+
+def test_a_usage_error_in_a_real_process_is_one_line_on_stderr():
+    done = subprocess.run([sys.executable, "-m", "dgpo_edge", "serve", "--port", "70000"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: Invalid value for '--port'") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_group_without_a_command_still_shows_its_help():
+    result = invoke("index")
+    assert result.exit_code == 2 and "Usage:" in result.plain and "error:" not in result.plain
 
 
 # ------------------------------------------------------------ data inspect

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 from rich.markup import escape
 
 from ..errors import InputError
@@ -20,6 +22,12 @@ console = Console(emoji=False)
 err_console = Console(stderr=True, emoji=False)
 
 
+def fail(message: str, status: int = 2) -> NoReturn:
+    """Print `error: MESSAGE` as one line on stderr and exit with `status`."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(status) from None
+
+
 def user_errors(fn: F) -> F:
     """Turn InputError (and a missing optional dependency) into `error: ...` and exit 2."""
 
@@ -28,10 +36,40 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except InputError as e:
-            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+            fail(str(e))
 
     return wrapper  # type: ignore[return-value]
+
+
+# click's UsageError (a bad or missing option or argument), or that of the copy of click that
+# typer carries from 0.2x on (typer._click): the class typer's public BadParameter derives from.
+_UsageError: type[Exception] = typer.BadParameter.__base__
+
+
+@contextlib.contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except _UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":   # a group given no command: its help, as before
+            raise
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see '{ctx.command_path} -h')" if ctx is not None else ""
+        fail(e.format_message().rstrip(".") + hint, e.exit_code)  # type: ignore[attr-defined]
+
+
+class OneLineUsageErrors(TyperGroup):
+    """The root group (`dgpo-edge`): a usage error of any command under it (an option out of its
+    range, an unknown option, a missing argument, no such command) is one `error:` line and exit
+    status 2, as all other bad input is, not click's usage lines and Rich's boxed message."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _one_line_usage_errors():   # the root's own options
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line_usage_errors():   # a command's options and arguments, and any group's between
+            return super().invoke(ctx)
 
 
 # One spelling and one meaning per option, on every command that has it.
@@ -114,6 +152,4 @@ def _importable(module: str) -> bool:
 
 def _missing_extra(extra: str, module: str) -> None:
     install = EXTRA_INSTALL.get(extra, f"pip install 'dgpo-edge[{extra}]'")
-    err_console.print(f"[bold red]error:[/] this command needs the {extra} extra ({escape(module)} is not "
-                      f"installed): {escape(install)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    fail(f"this command needs the {extra} extra ({module} is not installed): {install}")

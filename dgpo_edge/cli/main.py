@@ -7,11 +7,13 @@ import typer
 from .. import __version__
 from . import ask, bundle, chat, data, examples, export, index, model, plot, serve, train
 from . import eval as eval_cli
+from .common import OneLineUsageErrors
 
 app = typer.Typer(
     name="dgpo-edge",
     help="Teach a compact model to search like an agent, then run it offline.",
     no_args_is_help=True,
+    cls=OneLineUsageErrors,   # a usage error is one `error:` line and exit status 2
     add_completion=True,   # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},   # sub-commands inherit it
