@@ -89,15 +89,26 @@ def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str 
         raise InputError(f"exists and is not {what}; refusing to replace it", out)
 
 
+def check_folder_path(out: Path, name: str = "the output path") -> None:
+    """Refuse a file (or a link to nothing) where the output folder `out` is to be, or where a folder
+    above it is (`--out notes.txt/run`): making the folder would fail there. Names the file."""
+    for path in (out, *out.parents):
+        if path.is_dir():
+            return
+        if path.exists() or path.is_symlink():
+            raise InputError(f"{name} exists and is not a folder" if path == out else
+                             f"is not a folder, so {name} {out} cannot be made in it", path)
+
+
 def check_holds_only(out: Path, allowed: Iterable[str], what: str, fix: str,
                      first: tuple[str, str] | None = None, alone: Iterable[str] = ()) -> set[str]:
-    """Refuse a file, or a folder holding a visible name outside `allowed`: an output folder given by
-    mistake, whose files a writer would mix with its own or replace. Returns the visible names.
+    """Refuse a file (`check_folder_path`), or a folder holding a visible name outside `allowed`: an
+    output folder given by mistake, whose files a writer would mix with its own or replace. Returns
+    the visible names.
     Hidden names are left alone: a lock, a killed write's .NAME.*.tmp, a Finder .DS_Store.
     `first` = (NAME, WRITER): the file WRITER writes before any other, so the others (but those in
     `alone`) without it are someone else's files of the same names, refused too."""
-    if out.exists() and not out.is_dir():
-        raise InputError("the output path exists and is not a folder", out)
+    check_folder_path(out)
     names = {p.name for p in out.iterdir() if not p.name.startswith(".")} if out.is_dir() else set()
     foreign = sorted(names - set(allowed))
     if foreign:

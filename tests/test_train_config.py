@@ -199,6 +199,28 @@ def test_rl_refuses_lora_dropout(tmp_path):
         load_rl_config("ppo", path, ["rollout.prompts_per_step=256", f"lora.init_from={adapter}"])
 
 
+def test_a_run_dir_where_a_file_stands_is_named(tmp_path):
+    """run.out_dir a file, or under one (`mkdir` failed there, after the model had loaded): one error
+    naming the file, which user_errors prints as one line, exit 2."""
+    from dgpo_edge.train.plumbing import check_run_dir
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(InputError, match="run.out_dir exists and is not a folder") as e:
+        check_run_dir(notes)
+    assert e.value.path == str(notes)
+    with pytest.raises(InputError, match=r"is not a folder, so run.out_dir .*notes.txt/runs/a cannot be made") as e:
+        check_run_dir(notes / "runs" / "a")
+    assert e.value.path == str(notes)
+    assert notes.read_text() == "mine"
+    link = tmp_path / "gone"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(InputError, match="not a folder") as e:
+        check_run_dir(link / "run")
+    assert e.value.path == str(link)
+    check_run_dir(tmp_path / "new" / "run")   # folders yet to be made are fine
+
+
 def test_old_protocol_keys_load_with_a_warning_naming_the_new_key(tmp_path, capsys):
     from dgpo_edge.train.rl.config import load_rl_config
 

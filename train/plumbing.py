@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import check_holds_only, replace_dir
+from dgpo_edge.jsonio import check_folder_path, check_holds_only, replace_dir
 
 from .config import write_resolved
 
@@ -192,10 +192,9 @@ RUN_FILES = frozenset({"config.yaml", "metrics.csv", "eval.csv", "report.jsonl",
 
 
 def check_run_dir(out: Path) -> None:
-    """Refuse a run.out_dir that is a file, or a folder of anything but a training run: a run writes
-    its config, metrics and checkpoints there, and replaces or removes the files of those names."""
-    if out.exists() and not out.is_dir():
-        raise InputError("run.out_dir exists and is not a folder", out)
+    """Refuse a run.out_dir that is a file or lies under one, or a folder of anything but a training run:
+    a run writes its config, metrics and checkpoints there, and replaces or removes the files of those names."""
+    check_folder_path(out, "run.out_dir")
     check_holds_only(out, RUN_FILES, "a training run's", "give run.out_dir a folder of its own",
                      first=("config.yaml", "a run"), alone=("checkpoints",))
 
