@@ -277,6 +277,9 @@ def _note_dirs(folder: str, dirs: list[str]) -> list[str]:
 
 
 def _index_or_bundle(folder: Path) -> bool:
+    """An index's manifest has "store"; of dgpo-edge's manifests only a bundle's has "format". Not
+    bundle.core.is_bundle: retrieval may import core alone (docs/architecture.md; bundle imports
+    retrieval), and test_architecture counts an import inside a function too."""
     manifest = our_manifest(folder)
     return manifest is not None and ("store" in manifest or "format" in manifest)
 
