@@ -1,5 +1,7 @@
 """One results row from a `dgpo-edge eval` folder: EM, F1, hit ratio and searches, by question type
-and hops, seconds per question, and the per-question EM, optionally paired with an earlier row.
+and hops, where the questions were lost by type (the eval report's outcomes: no answer, no search,
+not found, misread), seconds per question, and the per-question EM and outcome, optionally paired
+with an earlier row.
 
     python bench/eval_summary.py eval-dgpo-records --data records/test.jsonl \
         --questions "records test (seed 0), unseen" --command "dgpo-edge eval ..." \
@@ -26,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from table1 import fail, paired_bootstrap, read_rows  # noqa: E402
 
+from dgpo_edge.arc import outcome, outcome_counts  # noqa: E402
+
 
 def summarize(predictions: list[dict], questions: dict[str, dict]) -> dict:
     """The row's numbers; every prediction's question must be in `questions`."""
@@ -47,7 +51,9 @@ def summarize(predictions: list[dict], questions: dict[str, dict]) -> dict:
             "n_by_type": {t: len(v) for t, v in sorted(by_type.items())},
             "em_by_hops": {h: mean(v) for h, v in sorted(by_hops.items())},
             "hit_by_type": {t: mean(v) for t, v in sorted(hit_type.items())},
-            "ids": [p["id"] for p in predictions], "em_per_question": [p["em"] for p in predictions]}
+            "outcomes_by_type": outcome_counts([{**p, "type": questions[p["id"]]["type"]} for p in predictions], "type"),
+            "ids": [p["id"] for p in predictions], "em_per_question": [p["em"] for p in predictions],
+            "outcome_per_question": [outcome(p) for p in predictions]}
 
 
 def paired(row: dict, against: dict) -> dict:
@@ -69,6 +75,8 @@ def main() -> None:
     p.add_argument("--student", required=True)
     p.add_argument("--card", required=True)
     p.add_argument("--note", default="")
+    p.add_argument("--commit", help="the commit the evaluation ran at (default: git's HEAD here), for a "
+                                    "folder summarized later")
     p.add_argument("--against", type=Path, help="an earlier results file of this shape, to pair with")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -78,11 +86,13 @@ def main() -> None:
     if args.against:
         earlier = json.loads(args.against.read_text())
         row["paired"] = {"against": f"{args.against.name} ({earlier['student']})", **paired(row, earlier["rows"][0])}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                           text=True).stdout.strip()
     doc = {"card": args.card, "commit": commit, "student": args.student,
            "date": dt.date.today().isoformat(), "note": args.note, "rows": [row]}
     args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps({k: v for k, v in row.items() if k not in ("ids", "em_per_question")}, indent=1))
+    print(json.dumps({k: v for k, v in row.items() if k not in ("ids", "em_per_question", "outcome_per_question")},
+                     indent=1))
 
 
 if __name__ == "__main__":

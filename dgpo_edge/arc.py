@@ -9,12 +9,17 @@ Rule-based, as in the paper:
 - *source referencing* and *thinking* = EM when the gold evidence is handed to
   the model, without and with a think step. This module provides the prompts
   and the scoring for those two; running the model is the evaluator's job.
+
+And a question's outcome (`outcome`): right, or where it was lost, from the
+same facts - the evaluators' (`dgpo-edge eval`, train/evaluation.py) breakdown
+of misses into retrieval and reading.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .metrics import exact_match, normalize_answer
 from .protocol import Passage, extract_answer, format_docs, normalize_question
@@ -78,6 +83,35 @@ _HOW = {
     False: "Do not reason step by step; answer directly. ",
     True: "First reason inside <think> and </think> about which document answers it. ",
 }
+
+
+#: Where a question ended, first match wins: it was answered right; no answer came (the turns ran
+#: out, or the output broke the protocol); the agent answered without searching; its searches never
+#: retrieved a passage holding a gold answer; or they did and it answered something else. The last
+#: two tell retrieval failures from reading failures: what to train next depends on which dominates.
+OUTCOMES = ("right", "no_answer", "no_search", "not_found", "misread")
+
+
+def outcome(rec: dict[str, Any]) -> str:
+    """One prediction record's outcome (`OUTCOMES`), from its em, answered, searches and hit."""
+    if float(rec["em"]) >= 1.0:
+        return "right"
+    if not rec["answered"]:
+        return "no_answer"
+    if int(rec["searches"]) == 0:
+        return "no_search"
+    return "misread" if rec["hit"] else "not_found"
+
+
+def outcome_counts(records: Sequence[dict[str, Any]], by: str) -> dict[str, dict[str, int]]:
+    """{group: {outcome: count}} with every outcome present, grouped by the records' `by` field
+    (records without it are left out)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        if by in r:
+            row = out.setdefault(str(r[by]), dict.fromkeys(OUTCOMES, 0))
+            row[outcome(r)] += 1
+    return dict(sorted(out.items()))
 
 
 def evidence_message(question: str, passages: Sequence[Passage], think: bool) -> str:

@@ -12,7 +12,8 @@ from engine_fakes import ListRetriever, ScriptedEngine
 
 import dgpo_edge.engines
 from dgpo_edge.agent import Agent
-from dgpo_edge.agent.evaluate import PREDICTIONS, evaluate, load_questions, make_report
+from dgpo_edge.agent.evaluate import PREDICTIONS, evaluate, load_questions, make_report, report_markdown
+from dgpo_edge.arc import outcome
 from dgpo_edge.errors import InputError
 from dgpo_edge.protocol import Passage
 
@@ -66,6 +67,30 @@ def test_eval_scores_arc_and_report(engine_script, index_dir: Path, tmp_path: Pa
     md = (out / "report.md").read_text()
     assert "| fbqa | 3 | 0.667" in md and "hit ratio" in md
     assert "fbqa" in r.flat and "report:" in r.flat
+    # q1 and q2 right; q3 answered "Kyoto" without a search
+    assert report["outcomes"]["sources"]["fbqa"] == {"right": 2, "no_answer": 0, "no_search": 1, "not_found": 0,
+                                                     "misread": 0}
+    assert report["outcomes"]["types"] == {}   # these questions carry no type
+    assert "| fbqa | 3 | 2 | 0 | 1 | 0 | 0 |" in md
+
+
+def test_outcomes_tell_retrieval_from_reading_failures_per_type():
+    def rec(em, answered, searches, hit, qtype):
+        return {"source": "w", "em": em, "f1": em, "cover_em": em, "searches": searches, "hit": hit, "turns": 2,
+                "invalid_turns": 0, "answered": answered, "type": qtype}
+
+    records = [rec(1.0, 1.0, 1, 1.0, "fact"),
+               rec(0.0, 1.0, 1, 1.0, "fact"),      # found the passage, answered something else
+               rec(0.0, 1.0, 2, 0.0, "bridge"),    # searched twice, never found the answer
+               rec(0.0, 0.0, 4, 1.0, "bridge"),    # found it, but the turns ran out: no answer wins
+               rec(0.0, 1.0, 0, 0.0, "comparison")]
+    assert [outcome(r) for r in records] == ["right", "misread", "not_found", "no_answer", "no_search"]
+    o = make_report(records)["outcomes"]
+    assert o["sources"] == {"w": {"right": 1, "no_answer": 1, "no_search": 1, "not_found": 1, "misread": 1}}
+    assert o["types"]["bridge"] == {"right": 0, "no_answer": 1, "no_search": 0, "not_found": 1, "misread": 0}
+    assert list(o["types"]) == ["bridge", "comparison", "fact"]
+    md = report_markdown(make_report(records))
+    assert "| type: fact | 2 | 1 | 0 | 0 | 0 | 1 |" in md
 
 
 def test_eval_json_prints_the_report_and_keeps_the_bar_on_stderr(engine_script, index_dir: Path, tmp_path: Path):
@@ -236,6 +261,18 @@ def test_eval_several_files_macro_average(tmp_path: Path):
     s = report["scores"]
     assert s["sources"]["a"]["em"] == 0.5 and s["sources"]["b"]["em"] == 1.0
     assert s["average"]["em"] == 0.75 and s["all"]["em"] == pytest.approx(2 / 3)
+
+
+def test_a_questions_type_is_kept_in_its_record_and_counted(tmp_path: Path):
+    data = tmp_path / "w.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": "Capital of Peru?", "golden_answers": ["Lima"],
+                                        "type": t}) + "\n" for i, t in enumerate(["fact", "bridge"])))
+    engine = ScriptedEngine(["<answer>Lima</answer>", "<answer>Cusco</answer>"])
+    agent = Agent(engine, ListRetriever([Passage("0", '"Peru"\nLima')]))
+    report = evaluate(agent, load_questions([data]), tmp_path / "out")
+    preds = [json.loads(line) for line in (tmp_path / "out" / PREDICTIONS).read_text().splitlines()]
+    assert [p["type"] for p in preds] == ["fact", "bridge"]
+    assert report["outcomes"]["types"]["bridge"]["no_search"] == 1 and report["outcomes"]["types"]["fact"]["right"] == 1
 
 
 def test_load_questions_checks():

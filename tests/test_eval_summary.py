@@ -22,7 +22,7 @@ def _setup(tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "ev").mkdir()
     em = [1.0, 0.0, 1.0, 0.0]
     _write(tmp_path / "ev" / "predictions.jsonl",
-           [{"id": q["id"], "em": e, "f1": e, "hit": 1.0, "searches": 1 + i, "seconds": 2.0 * (i + 1)}
+           [{"id": q["id"], "em": e, "f1": e, "hit": 1.0, "searches": 1 + i, "answered": 1.0, "seconds": 2.0 * (i + 1)}
             for i, (q, e) in enumerate(zip(questions, em))])
     return data, tmp_path / "ev"
 
@@ -38,13 +38,18 @@ def test_a_row_by_type_and_hops_paired_with_an_earlier_one(tmp_path):
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps({"student": "kd", "rows": [{"ids": ["q0", "q1", "q2", "q3"],
                                                               "em_per_question": [0.0, 0.0, 1.0, 0.0]}]}))
-    r = run(tmp_path, "--against", str(earlier))
+    r = run(tmp_path, "--against", str(earlier), "--commit", "abc1234")
     assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "out.json").read_text())["commit"] == "abc1234"
     (row,) = json.loads((tmp_path / "out.json").read_text())["rows"]
     assert (row["n"], row["em"], row["searches"], row["seconds_p50"]) == (4, 0.5, 2.5, 5.0)
     assert row["em_by_type"] == {"bridge": 1.0, "comparison": 0.0, "fact": 0.5}
     assert row["em_by_hops"] == {"1": 0.5, "2": 0.5} and row["n_by_type"]["fact"] == 2
     assert row["paired"]["n"] == 4 and row["paired"]["diff"] == 0.25   # one question more right
+    # the two wrong answers had found a passage with the answer: misread, not a retrieval miss
+    assert row["outcome_per_question"] == ["right", "misread", "right", "misread"]
+    assert row["outcomes_by_type"]["fact"] == {"right": 1, "no_answer": 0, "no_search": 0, "not_found": 0,
+                                               "misread": 1}
 
 
 def test_a_prediction_that_is_not_a_question_is_refused(tmp_path):

@@ -578,6 +578,9 @@ def test_the_report_split_is_recorded_at_every_evaluation_and_never_chosen_by(to
     for r in report:
         assert r["split"] == str(toy / "train.jsonl") and r["n"] == 4 and len(r["scores"]) == 4
         assert r["em"] == sum(r["scores"]) / 4 and set(r["em_by_type"]) == {"?"} and "hit_ratio" in r
+        # each question right or lost somewhere, in file order and counted by type
+        assert len(r["outcomes"]) == 4 and r["outcomes"].count("right") == sum(r["scores"])
+        assert sum(r["outcomes_by_type"]["?"].values()) == 4
     from dgpo_edge.train.models import load_lm
     actor, _ = load_lm(str(out / "checkpoints" / "last"))
     assert {r["params"] for r in report} == {sum(p.numel() for p in actor.parameters())}

@@ -106,9 +106,10 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
                    rollout: Any, engine: Any | None = None) -> dict:
     """Greedy EM of QA examples in detail: EM and F1, EM per question type and hop count (the
     examples' `type` and `hops` fields), ARC (hit ratio, search steps, invalid actions), the
-    model's parameter count (as shipped: see `_params`) and weight dtype, and the per-question EM in
-    file order, so two evaluations can be compared question by question."""
-    from dgpo_edge.arc import episode_arc, summarize_arc
+    model's parameter count (as shipped: see `_params`) and weight dtype, how many questions of
+    each type were right or lost where (`dgpo_edge.arc.outcome`), and the per-question EM and
+    outcome in file order, so two evaluations can be compared question by question."""
+    from dgpo_edge.arc import episode_arc, outcome, outcome_counts, summarize_arc
     from dgpo_edge.metrics import f1_score
 
     from .rollout import greedy_rollouts
@@ -116,7 +117,11 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
     t0 = time.perf_counter()
     rollouts = greedy_rollouts(model, tokenizer, examples, retriever, rollout, engine)
     scores = [r.score for r in rollouts]
-    arc = summarize_arc([episode_arc(r.transcript, r.golds) for r in rollouts])
+    episodes = [episode_arc(r.transcript, r.golds) for r in rollouts]
+    arc = summarize_arc(episodes)
+    # right, or where each question was lost (no answer, no search, not found, misread)
+    facts = [{"em": s, "answered": e.answered, "searches": e.searches, "hit": e.hit, "type": x.meta.get("type", "?")}
+             for s, e, x in zip(scores, episodes, examples)]
     n = len(rollouts)
     return {
         "n": n, "em": sum(scores) / n, "params": _params(model),
@@ -128,7 +133,9 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
         "hit_ratio": arc["hit_ratio"], "search_steps": arc["search_steps"],
         "invalid_action_rate": arc["invalid_action_rate"], "answered_rate": arc["answered_rate"],
         "generated_tokens": sum(r.n_generated for r in rollouts) / n,
+        "outcomes_by_type": outcome_counts(facts, "type"),
         "seconds": round(time.perf_counter() - t0, 1), "scores": [int(s) for s in scores],
+        "outcomes": [outcome(f) for f in facts],
     }
 
 

@@ -21,7 +21,9 @@ after a think step (thinking); `source_ref_em` and `thinking_em` per question.
 The report (`report.json`, `report.md`): per dataset and on average (the
 papers' macro "Avg") EM, F1, cover-EM, and the ARC figures: hit ratio (query
 rewriting), search steps, invalid-action rate per generated turn, answered
-rate, plus the evidence-given EMs when run.
+rate, plus the evidence-given EMs when run; then where each question ended
+(`outcome`: right, or why not), per dataset and per question type when the
+questions carry one (a `type` field, as FactbookQA's and the worlds' do).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import arc, metrics
+from ..arc import OUTCOMES, outcome_counts
 from ..datasets import QAExample, read_qa
 from ..errors import InputError
 from ..jsonio import check_holds_only, cut_torn_last_line, iter_lines, parse_json_line, write_json, write_text
@@ -214,6 +217,9 @@ def run_one(agent: Agent, ex: QAExample, store: Any = None) -> dict[str, Any]:
         "transcript_tokens": r.timings.transcript_tokens, "decode_s": round(r.timings.decode_s, 4),
         "prompt_s": round(r.timings.prompt_s, 4), "retrieval_s": round(r.timings.retrieval_s, 4),
     }
+    qtype = ex.meta.get("type") if isinstance(ex.meta, dict) else None
+    if isinstance(qtype, str):   # FactbookQA's and the worlds' question types, for the outcome table
+        rec["type"] = qtype
     evidence = ex.meta.get("evidence") if isinstance(ex.meta, dict) else None
     if store is not None and isinstance(evidence, list) and evidence:
         passages = _evidence_passages(store, evidence)
@@ -291,7 +297,8 @@ def make_report(records: Sequence[dict[str, Any]], settings: dict[str, Any] | No
             "arc": {"sources": arc_rows, "average": arc_avg, "all": arc.summarize_arc(all_eps)},
             "seconds": {"p50": _pct(all_s, 50), "p95": _pct(all_s, 95),
                         "mean": sum(all_s) / len(all_s) if all_s else 0.0},
-            "stop_reasons": _count(r.get("stop_reason", "?") for r in records)}
+            "stop_reasons": _count(r.get("stop_reason", "?") for r in records),
+            "outcomes": {"sources": outcome_counts(records, "source"), "types": outcome_counts(records, "type")}}
 
 
 def _pct(xs: Sequence[float], p: float) -> float:
@@ -315,7 +322,8 @@ def report_markdown(report: dict[str, Any]) -> str:
                   "## ARC", "", _arc_md(report["arc"]), ""]
         s = report["seconds"]
         lines += [f"Seconds per question: p50 {s['p50']:.2f}, p95 {s['p95']:.2f}, mean {s['mean']:.2f}.", "",
-                  "Stop reasons: " + ", ".join(f"{k} {v}" for k, v in report["stop_reasons"].items()) + ".", ""]
+                  "Stop reasons: " + ", ".join(f"{k} {v}" for k, v in report["stop_reasons"].items()) + ".", "",
+                  "## Outcomes", "", _outcomes_md(report["outcomes"]), ""]
     if report.get("settings"):
         lines += ["## Settings", "", "```json", json.dumps(report["settings"], indent=2), "```", ""]
     return "\n".join(lines)
@@ -336,6 +344,18 @@ def _arc_md(a: dict[str, Any]) -> str:
     out = ["| dataset | n | hit ratio | search steps | invalid-action rate | answered |", "|---|---|---|---|---|---|"]
     for name, row in [*a["sources"].items(), ("average", a["average"]), ("all", a["all"])]:
         out.append("| " + " | ".join([name, str(row["n"])] + [_f(row.get(k)) for k in keys]) + " |")
+    return "\n".join(out)
+
+
+def _outcomes_md(counts: dict[str, Any]) -> str:
+    """Counts per dataset, then per question type: right, or where a question was lost."""
+    out = ["Right, or why not: no answer came, answered without a search, the searches never found a "
+           "passage with the answer (not found), or found one and answered otherwise (misread).", "",
+           "| dataset / type | n | " + " | ".join(k.replace("_", " ") for k in OUTCOMES) + " |",
+           "|" + "---|" * (len(OUTCOMES) + 2)]
+    groups = [*counts["sources"].items(), *((f"type: {t}", row) for t, row in counts["types"].items())]
+    for name, row in groups:
+        out.append("| " + " | ".join([name, str(sum(row.values()))] + [str(row[k]) for k in OUTCOMES]) + " |")
     return "\n".join(out)
 
 
