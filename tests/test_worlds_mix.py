@@ -403,3 +403,48 @@ def test_worlds_results_collects_rows_in_the_issue_shape(mix: Path, tmp_path: Pa
         {"world": "notes", "corpus": "notes-s1", "seed": 1, "held_out": True, "em": 0.75, **common}]
     assert "| notes-out | kd | notes (seed 1) | yes | 4 | 0.750 |" in markdown(result)
     assert "| notes-out | kd | notes | yes | 4 | 0.250 |" in markdown(result)
+
+
+def test_quoted_answer_turns_copy_the_line_that_holds_the_answer():
+    from dgpo_edge.worlds.mixture import quoted_answer_turn
+
+    card = Passage("records:7", '"Tanzen Joinery"\nTanzen Joinery is a workshop. master - Piet Veny; '
+                                'width - 3.5 m; founded - 1902.')
+    turn = "<think> The master of Tanzen Joinery is Piet Veny. </think>\n<answer> Piet Veny </answer>"
+    row = {"type": "fact", "evidence": ["records:7"], "golden_answers": ["Piet Veny"]}
+    assert quoted_answer_turn(turn, row, [card]) == (
+        '<think> The passage on Tanzen Joinery says "master - Piet Veny". The master of Tanzen Joinery is '
+        'Piet Veny. </think>\n<answer> Piet Veny </answer>')
+    decimal = quoted_answer_turn(turn, {**row, "golden_answers": ["3.5 m"]}, [card])
+    assert 'says "width - 3.5 m"' in decimal   # a decimal point ends no clause
+    # left as they are: a comparison, evidence that was not retrieved, an answer in no clause
+    assert quoted_answer_turn(turn, {**row, "type": "comparison"}, [card]) == turn
+    assert quoted_answer_turn(turn, {**row, "evidence": ["records:8"]}, [card]) == turn
+    assert quoted_answer_turn(turn, {**row, "golden_answers": ["Ulrich"]}, [card]) == turn
+
+
+def test_a_quoting_mixture_quotes_evidence_and_is_kept_only_as_such(mix: Path, worlds: Path, tmp_path: Path):
+    out = tmp_path / "quoted"
+    result = invoke(*_mix_args(worlds, out, "--quote-evidence"))
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "manifest.json").read_text())["quote_evidence"] is True
+    assert "quote_evidence" not in json.loads((mix / "manifest.json").read_text())   # off: as before
+    for name in ("corpus.jsonl", "train.jsonl", "test.jsonl"):   # only the oracle's answer turns differ
+        assert (out / name).read_bytes() == (mix / name).read_bytes()
+    train = {r["id"]: r for r in _jsonl(out / "train.jsonl")}
+    quoted = 0
+    for row in _jsonl(out / "oracle.jsonl"):
+        q, last = train[row["id"]], row["segments"][-1]["text"]
+        if q["type"] == "comparison":
+            assert 'says "' not in last
+            continue
+        head = last.split('"')
+        if len(head) >= 3:   # the quote holds the answer, and the quoted words are in the evidence
+            quoted += 1
+            assert normalize_answer(q["golden_answers"][0]) in normalize_answer(head[-2])
+            info = row["segments"][-2]["text"]
+            assert head[-2] in info
+    assert quoted >= 0.8 * sum(q["type"] != "comparison" for q in train.values() if q["id"] in
+                               {r["id"] for r in _jsonl(out / "oracle.jsonl")})
+    assert_one_line_error(invoke(*_mix_args(worlds, out, "--keep")), "quote_evidence True (asked: False)")
+    assert invoke(*_mix_args(worlds, out, "--keep", "--quote-evidence")).exit_code == 0

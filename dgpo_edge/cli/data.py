@@ -140,8 +140,12 @@ def mix(
     eval_size: int = typer.Option(None, "--eval-size", help="Dev questions, and test questions, in all "
                                                             "(default: as for train)."),
     keep: bool = typer.Option(False, "--keep", help="Keep a mixture already in --out when it was made with "
-                                                    "the same weights, hold-out, seed and sizes (nothing is "
-                                                    "rewritten); refuse one made otherwise (exit 2)."),
+                                                    "the same weights, hold-out, seed, sizes and quoting "
+                                                    "(nothing is rewritten); refuse one made otherwise (exit 2)."),
+    quote_evidence: bool = typer.Option(False, "--quote-evidence",
+                                        help="Open each oracle answer turn's think by quoting the line of the "
+                                             "evidence that holds the answer (not for comparisons): a recipe "
+                                             "for reading fields in corpora never seen in training."),
 ) -> None:
     """Mix built worlds into one dataset folder, drawn by weight, with one world held out.
 
@@ -154,12 +158,12 @@ def mix(
 
     weights = parse_weights(world)
     if keep and (out / "manifest.json").is_file():
-        check_same_mixture(out, weights, worlds_dir, hold_out, seed, train_size, eval_size)
+        check_same_mixture(out, weights, worlds_dir, hold_out, seed, train_size, eval_size, quote_evidence)
         console.print(f"kept {out}/: mixed earlier with the same weights and settings")
         return
     with console.status("mixing worlds") as status:
         stats = build_mixture(out, weights, worlds_dir, held_out=hold_out, seed=seed, train_size=train_size,
-                              eval_size=eval_size, say=lambda m: status.update(m))
+                              eval_size=eval_size, say=lambda m: status.update(m), quote=quote_evidence)
     _print_stats(stats, title=f"mixture of {', '.join(stats['worlds'])}")
     table = Table(title="per world")
     for name in ("world", "share", "passages", "train", "dev", "test", "oracle", "oracle hits"):

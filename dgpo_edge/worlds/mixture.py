@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -201,18 +202,21 @@ def mixed_row(world: str, row: dict) -> dict:
 
 # --- oracle trajectories on the union corpus ----------------------------------------------
 
-def resolved_oracle(row: dict, trajectory: dict, index: BM25Index) -> dict | None:
+def resolved_oracle(row: dict, trajectory: dict, index: BM25Index, quote: bool = False) -> dict | None:
     """The trajectory with every search re-run on the union corpus, or None when one misses.
 
     The turns stay as they were; each information block becomes what the union index returns
     for the same query, so teacher-forced training sees what a rollout on the mixture would.
+    `quote`: the answer turn's think first quotes the sentence of the evidence that holds the
+    answer (`quoted_answer_turn`).
     """
     t = Transcript(row["question"])
     t.append_prompt(protocol.user_message(row["question"]))
-    hop = 0
+    hop, hits = 0, []
     for seg in trajectory["segments"]:
         if seg["kind"] == "turn":
-            t.append_turn(seg["text"])
+            last = hop == len(row["evidence"])
+            t.append_turn(quoted_answer_turn(seg["text"], row, hits) if quote and last else seg["text"])
             continue
         if seg["kind"] != "information" or hop >= len(row["evidence"]):
             return None
@@ -226,10 +230,39 @@ def resolved_oracle(row: dict, trajectory: dict, index: BM25Index) -> dict | Non
             "response": t.response, "segments": t.to_dict()["segments"][1:]}
 
 
+_THINK = "<think> "
+_CLAUSE = re.compile(r"(?:[^.;\n]|\.(?=\S))+")   # a clause ends at ". ", ";" or a line; 3.5 stays whole
+
+
+def quoted_answer_turn(text: str, row: dict, hits: list[Passage]) -> str:
+    """The answer turn with its think opened by the clause of the evidence that holds the answer:
+    '<think> The passage on Tanzen Joinery says "Its master is Piet Veny". ...'.
+
+    Why: held out of training, a student found the right record and then answered another part of
+    it (its kind, its name, another field; docs/worlds.md, "Why held-out answers fail"). A think
+    that first copies the line naming the asked field teaches finding that line, in whatever
+    layout a corpus writes it. Comparisons are left as they are (their answer is a name, found in
+    no field's line), as is a turn whose evidence was not retrieved or has no clause holding the
+    whole answer the turn gives."""
+    if row.get("type") == "comparison" or not text.startswith(_THINK):
+        return text
+    evidence = next((p for p in hits if p.id == row["evidence"][-1]), None)
+    if evidence is None:
+        return text
+    title, _, body = evidence.contents.partition("\n")
+    gold = f" {normalize_answer(row['golden_answers'][0])} "   # the alias the turn answers with
+    clauses = [c.strip() for c in _CLAUSE.findall(body) if c.strip()]
+    holding = [c for c in clauses if gold.strip() and gold in f" {normalize_answer(c)} "]
+    if not holding:
+        return text
+    clause = min(holding, key=len)   # the field's own clause, not a long sentence around it
+    return f'{_THINK}The passage on {title.strip().strip(chr(34))} says "{clause}". {text[len(_THINK):]}'
+
+
 # --- the whole build ----------------------------------------------------------------------
 
 def check_same_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | Path, held_out: str | None,
-                       seed: int, train_size: int | None, eval_size: int | None) -> None:
+                       seed: int, train_size: int | None, eval_size: int | None, quote: bool = False) -> None:
     """An error unless the mixture in `out` is the one these arguments would make: the same settings,
     its files as its manifest lists them, mixed from the worlds under `worlds_dir` as they are now.
     A script that keeps a finished mixture must not keep another one, which runs trained on it would
@@ -240,6 +273,8 @@ def check_same_mixture(out: str | Path, weights: dict[str, float], worlds_dir: s
     manifest = _read_json(path)
     asked = {"weights": weights, "held_out": held_out, "seed": seed, "train_size": train_size, "eval_size": eval_size}
     differ = [f"{k} {manifest.get(k)!r} (asked: {v!r})" for k, v in asked.items() if manifest.get(k) != v]
+    if manifest.get("quote_evidence", False) != quote:   # the key is written only when on
+        differ.append(f"quote_evidence {manifest.get('quote_evidence', False)!r} (asked: {quote!r})")
     if differ:
         raise InputError(f"holds another mixture: {'; '.join(differ)}. Remove the folder or mix into another --out",
                          path)
@@ -270,8 +305,10 @@ def check_arguments(weights: dict[str, float], held_out: str | None, seed: int, 
 
 def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | Path, held_out: str | None = None,
                   seed: int = 0, train_size: int | None = None, eval_size: int | None = None,
-                  say: Callable[[str], None] = lambda msg: None) -> dict:
+                  say: Callable[[str], None] = lambda msg: None, quote: bool = False) -> dict:
     """Write the mixture of `weights`' worlds (built under `worlds_dir`) into `out`; returns stats.json.
+    `quote`: the oracle's answer turns quote the evidence's line that holds the answer
+    (`quoted_answer_turn`; recorded in the manifest as quote_evidence).
 
     The files are written into a folder beside `out` and renamed onto it once complete, so a run
     stopped half way leaves the old mixture (or none), never new files under an old manifest."""
@@ -294,7 +331,7 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
 
     corpus = [{**p, "id": f"{w.name}:{p['id']}"} for w in worlds for p in w.corpus]
     say(f"re-searching oracle trajectories on the union corpus ({len(corpus):,} passages)")
-    oracle, tried = _oracles(rows["train"], worlds, corpus, dropped)
+    oracle, tried = _oracles(rows["train"], worlds, corpus, dropped, quote)
 
     say(f"writing {out}")
     stats = _stats(seed, weights, share, held_out, worlds, corpus, rows, oracle, tried, dropped)
@@ -304,13 +341,15 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
             jsonio.write_jsonl(tmp / f"{split}.jsonl", rows[split])
         jsonio.write_jsonl(tmp / "oracle.jsonl", oracle)
         jsonio.write_json(tmp / "stats.json", stats)
-        jsonio.write_json(tmp / "manifest.json", _manifest(tmp, seed, weights, held_out, manifests, held_manifest,
-                                                           train_size, eval_size))
+        manifest = _manifest(tmp, seed, weights, held_out, manifests, held_manifest, train_size, eval_size)
+        if quote:   # only when on, so a mixture made without it stays byte-identical to earlier builds
+            manifest = {**manifest, "quote_evidence": True}
+        jsonio.write_json(tmp / "manifest.json", manifest)
     return stats
 
 
 def _oracles(train: list[dict], worlds: list[WorldData], corpus: list[dict],
-             dropped: Counter[str]) -> tuple[list[dict], Counter[str]]:
+             dropped: Counter[str], quote: bool = False) -> tuple[list[dict], Counter[str]]:
     """Union-corpus trajectories of the train rows whose world has one; `tried` counts per world."""
     index = BM25Index(Passage(p["id"], p["contents"]) for p in corpus)
     by_world = {w.name: w.oracle for w in worlds}
@@ -321,7 +360,7 @@ def _oracles(train: list[dict], worlds: list[WorldData], corpus: list[dict],
         if trajectory is None:
             continue  # the world's own build found no oracle for it (counted in its stats)
         tried[world] += 1
-        resolved = resolved_oracle(row, trajectory, index)
+        resolved = resolved_oracle(row, trajectory, index, quote)
         if resolved is None:
             dropped["oracle_missed_in_union_corpus"] += 1
         else:
