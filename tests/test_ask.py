@@ -89,6 +89,7 @@ def test_ask_without_an_answer_exits_1(script, index_dir: Path):
     (["q", "--index", "IDX", "--top-k", "0"], "--top-k must be in 1..20, got 0"),
     (["q", "--index", "IDX", "--max-searches", "-1"], "--max-searches must be in 0..16, got -1"),
     (["q", "--index", "IDX", "--timeout", "0"], "--timeout must be > 0"),
+    (["q", "--index", "IDX", "--temperature", "0.7", "--seed", "-1"], "--seed must be >= 0, got -1"),
     (["q", "--bundle", "NOPE"], "no such bundle folder"),
     (["q", "--index", "NOPE"], "no such index folder"),
 ])

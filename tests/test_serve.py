@@ -193,6 +193,8 @@ def test_a_full_queue_answers_503_and_the_retrieve_route_works(live):
     ("POST", "/v1/chat/completions", b'{"messages": []}', {"Content-Type": "application/json"}, 400, "messages"),
     ("POST", "/v1/chat/completions", b'{"messages": [{"role": "assistant", "content": "x"}]}',
      {"Content-Type": "application/json"}, 400, "role 'user'"),
+    ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "temperature": 0.7, '
+     b'"seed": -1}', {"Content-Type": "application/json"}, 400, "'seed' must be 0 or more"),
     ("POST", "/v1/chat/completions", b"x" * 2_000_001, {"Content-Type": "application/json"}, 413, "larger"),
     ("POST", "/retrieve", b'{"queries": "q"}', {"Content-Type": "application/json"}, 400, "list of strings"),
     ("GET", "/v1/chat/completions", b"", {}, 405, "Method Not Allowed"),

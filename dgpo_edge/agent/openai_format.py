@@ -97,6 +97,8 @@ def _temperature(value: Any) -> float:
 def _seed(value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise ClientError(400, f"'seed' must be an integer, not {_json_type(value)}")
+    if value is not None and value < 0:   # a sampler seeds with none below 0: a 400, not a failed run's 500
+        raise ClientError(400, f"'seed' must be 0 or more, not {value}")
     return value
 
 

@@ -53,7 +53,7 @@ def ask(
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help=GPU_LAYERS_HELP),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy; above 0 samples."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (with --temperature)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed, 0 or more (with --temperature)."),
 ) -> None:
     """Answer one question with the search agent, offline."""
     from ..agent import Answered, Failed, PassagesRetrieved, SearchIssued, TokenDelta, TurnStarted
@@ -65,6 +65,8 @@ def ask(
         raise InputError(f"--timeout must be > 0, got {timeout}")
     if temperature < 0:
         raise InputError(f"--temperature must be >= 0, got {temperature}")
+    if seed is not None and seed < 0:   # before the model loads, not as the run's engine error
+        raise InputError(f"--seed must be >= 0, got {seed}")
     agent = agent_options(bundle, model, index, threads, top_k, max_searches_of(max_searches, old_max_turns),
                           quiet=as_json, gpu_layers=gpu_layers,
                           timeout_s=timeout,

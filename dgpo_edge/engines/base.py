@@ -66,6 +66,8 @@ class Sampling:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k_tokens < 0:
             raise ValueError(f"top_k_tokens must be >= 0, got {self.top_k_tokens}")
+        if self.seed is not None and self.seed < 0:   # numpy's generators take none below 0
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
     @property
     def greedy(self) -> bool:
