@@ -323,6 +323,23 @@ def test_mixing_into_a_folder_of_other_files_is_refused(worlds: Path, tmp_path: 
     assert not empty.exists()
 
 
+
+def test_mixing_into_a_world_it_reads_is_refused(worlds: Path, tmp_path: Path):
+    # --out out/worlds/elements replaced the elements world with the mixture (and the next mix read
+    # that mixture as elements); so did the held-out world's folder, and a folder holding a world
+    import shutil
+
+    local = tmp_path / "w"
+    shutil.copytree(worlds, local)
+    before = {p: p.read_bytes() for p in local.rglob("*") if p.is_file()}
+    for out in (local / "elements", local / "notes", local / "cities"):
+        assert_one_line_error(invoke(*_mix_args(local, out)), str(out), "reads world", "another --out")
+    assert_one_line_error(invoke("data", "mix", "--world", "elements=1", "--worlds-dir", local / "elements" / "w",
+                                 "--out", local / "elements"), "reads world elements")
+    assert {p: p.read_bytes() for p in local.rglob("*") if p.is_file()} == before
+    assert not (local / "elements" / "w").exists()
+
+
 # ------------------------------------------------------------ training on it
 
 @pytest.mark.slow

@@ -288,6 +288,17 @@ def check_same_mixture(out: str | Path, weights: dict[str, float], worlds_dir: s
                              f"mix again", path)
 
 
+def check_not_an_input(out: Path, worlds_dir: Path, names: list[str]) -> None:
+    """Refuse an `out` that is (or holds) the folder of a world the mixture reads: the mixture would
+    replace that world, and the next mix would read the mixture as the world."""
+    where = out.resolve()
+    for name in names:
+        folder = (worlds_dir / name).resolve()
+        if folder == where or where in folder.parents:
+            raise InputError(f"is where the mixture reads world {name} from (--worlds-dir {worlds_dir}); "
+                             "mix into another --out", out)
+
+
 def check_arguments(weights: dict[str, float], held_out: str | None, seed: int, train_size: int | None,
                     eval_size: int | None) -> None:
     """The mixture's arguments, checked before any world is read."""
@@ -315,6 +326,7 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
     out, worlds_dir = Path(out), Path(worlds_dir)
     check_arguments(weights, held_out, seed, train_size, eval_size)
     check_replaceable(out)   # before any world is built or any file written
+    check_not_an_input(out, worlds_dir, [*weights, *([held_out] if held_out else [])])
     names = sorted(weights)
     manifests = {n: ensure_world(n, worlds_dir / n, seed, say) for n in names}
     held_manifest = ensure_world(held_out, worlds_dir / held_out, seed, say) if held_out else None
