@@ -308,9 +308,17 @@ def test_a_build_replaces_a_world_and_refuses_any_other_folder(tmp_path):
     out = tmp_path / "w"
     assert invoke("data", "build", "records", "--out", out, "--size", 20, "--samples", 0).exit_code == 0
     first = (out / "manifest.json").read_bytes()
-    (out / "stale.txt").write_text("from an older build")
     assert invoke("data", "build", "records", "--out", out, "--size", 20, "--seed", 1, "--samples", 0).exit_code == 0
-    assert (out / "manifest.json").read_bytes() != first and not (out / "stale.txt").exists()
+    assert (out / "manifest.json").read_bytes() != first
+    # a file someone put into the world would go with the old folder: refused, nothing replaced
+    (out / "README.txt").write_text("my notes on this world")
+    (out / "my-index").mkdir()
+    second = (out / "manifest.json").read_bytes()
+    assert_one_line_error(invoke("data", "build", "records", "--out", out, "--size", 20, "--samples", 0),
+                          str(out), "README.txt, my-index", "rebuilding would delete")
+    assert (out / "manifest.json").read_bytes() == second and (out / "README.txt").exists()
+    (out / "README.txt").unlink()
+    (out / "my-index").rmdir()
 
     notes = tmp_path / "my-notes"
     notes.mkdir()

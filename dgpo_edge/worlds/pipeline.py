@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__, jsonio
+from ..errors import InputError
 from ..fts import BM25Index
 from ..metrics import normalize_answer
 from ..protocol import Passage
@@ -136,12 +137,23 @@ def is_dataset(out: Path) -> bool:
 
 
 def check_replaceable(out: Path) -> None:
-    """Refuse a file or a non-empty folder that is not a world or mixture (jsonio.check_replaceable)."""
+    """Refuse a file or a non-empty folder that is not a world or mixture (jsonio.check_replaceable),
+    and a world or mixture that holds more than a build writes: a rebuild replaces the folder whole,
+    so a file someone put there (a README, an index built inside it) would go with it."""
     jsonio.check_replaceable(out, is_dataset, "a world or mixture folder")
+    if not is_dataset(out):
+        return
+    ours = {*FILES, "manifest.json", "notes"}   # notes/: the Markdown of `data build notes --as-folder`
+    foreign = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and p.name not in ours)
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise InputError(f"holds files a world or mixture does not write ({', '.join(foreign[:3])}{more}), which "
+                         f"rebuilding would delete: move them out, or remove the folder first", out)
 
 
 def atomic_dir(out: str | Path) -> contextlib.AbstractContextManager[Path]:
     """jsonio.atomic_dir for a world or mixture folder: a folder that holds something else is not replaced."""
+    check_replaceable(Path(out))
     return jsonio.atomic_dir(out, is_dataset, "a world or mixture folder")
 
 
