@@ -12,7 +12,7 @@ from engine_fakes import ListRetriever, ScriptedEngine
 
 import dgpo_edge.engines
 from dgpo_edge.agent import Agent
-from dgpo_edge.agent.evaluate import PREDICTIONS, evaluate, load_questions, make_report, report_markdown
+from dgpo_edge.agent.evaluate import PREDICTIONS, evaluate, key, load_questions, make_report, report_markdown
 from dgpo_edge.arc import outcome
 from dgpo_edge.errors import InputError
 from dgpo_edge.protocol import Passage
@@ -273,6 +273,21 @@ def test_a_questions_type_is_kept_in_its_record_and_counted(tmp_path: Path):
     preds = [json.loads(line) for line in (tmp_path / "out" / PREDICTIONS).read_text().splitlines()]
     assert [p["type"] for p in preds] == ["fact", "bridge"]
     assert report["outcomes"]["types"]["bridge"]["no_search"] == 1 and report["outcomes"]["types"]["fact"]["right"] == 1
+
+
+def test_two_files_named_alike_are_two_datasets(tmp_path: Path):
+    # factbookqa/test.jsonl and records/test.jsonl: the same stem and the same ids, other questions
+    for world in ("factbookqa", "records"):
+        (tmp_path / world).mkdir()
+    a = write_questions(tmp_path / "factbookqa" / "test.jsonl", n=2)
+    b = write_questions(tmp_path / "records" / "test.jsonl", n=1)
+    questions = load_questions([a, b])
+    assert [key(ex) for ex in questions.examples] == ["factbookqa/test/q1", "factbookqa/test/q2", "records/test/q1"]
+    engine = ScriptedEngine(["<answer>Lima</answer>", "<answer>x</answer>", "<answer>Lima</answer>"])
+    agent = Agent(engine, ListRetriever([Passage("0", '"Peru"\nLima')]))
+    report = evaluate(agent, questions, tmp_path / "out")
+    assert report["scores"]["sources"]["factbookqa/test"]["n"] == 2 and report["scores"]["sources"]["records/test"]["em"] == 1.0
+    assert [ex.source for ex in load_questions([a]).examples] == ["test", "test"]   # alone: named as before
 
 
 def test_load_questions_checks():

@@ -31,8 +31,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,13 @@ def load_questions(files: Sequence[str | Path], limit: int | None = None, fmt: s
         raise InputError(f"--limit must be >= 1, got {limit}")
     out: list[QAExample] = []
     seen: set[str] = set()
+    stems = Counter(Path(f).stem for f in files)
     for f in files:
         for ex in read_qa(f, format=fmt, limit=limit):
+            if stems[Path(f).stem] > 1 and ex.source == Path(f).stem:
+                # two files named alike (factbookqa/test.jsonl, records/test.jsonl) are two datasets,
+                # not one: named by their folder too, so neither their rows nor their keys merge
+                ex = replace(ex, source=f"{Path(f).parent.name}/{ex.source}")
             k = key(ex)
             if k in seen:
                 raise InputError(f"duplicate question key {k!r} (dataset/id); evaluate the file once", f)
