@@ -96,8 +96,9 @@ def build(
     out: Path = typer.Option(..., "--out", help="Directory to write corpus, splits, oracle and stats into."),
     seed: int = typer.Option(0, help="Seed for sampling, phrasing and splits (same seed, same files)."),
     holdout: float = typer.Option(0.15, min=0.01, max=0.49, help="Share of entities held out for dev, and again for test."),
-    size: int = typer.Option(None, help="Build a smaller world: how many elements, cities, headwords or people "
-                                        "(worlds that have a size; see `data worlds`)."),
+    size: int = typer.Option(None, help="Build a smaller (or, for records, larger) world: how many elements, "
+                                        "cities, headwords, people or records (worlds that have a size; see "
+                                        "`data worlds`)."),
     as_folder: bool = typer.Option(False, "--as-folder", help="notes: also write the notes as Markdown files "
                                                                "under OUT/notes/ (for `index build OUT/notes`)."),
     samples: int = typer.Option(3, help="Sample dev questions to print with their gold passages (0: none)."),
