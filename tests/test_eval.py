@@ -72,6 +72,7 @@ def test_eval_scores_arc_and_report(engine_script, index_dir: Path, tmp_path: Pa
                                                      "misread": 0}
     assert report["outcomes"]["types"] == {}   # these questions carry no type
     assert "| fbqa | 3 | 2 | 0 | 1 | 0 | 0 |" in md
+    assert "outcomes: right 2, no answer 0, no search 1, not found 0, misread 0" in r.flat
 
 
 def test_outcomes_tell_retrieval_from_reading_failures_per_type():

@@ -18,6 +18,8 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
+from ..arc import OUTCOMES
+
 from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP, agent_options
 from .common import (GPU_LAYERS_HELP, console, err_console, max_searches_of, max_searches_option,
                      old_max_turns_option, top_k_option, user_errors)
@@ -104,6 +106,10 @@ def _print_report(report: dict[str, Any], out: Path) -> None:
     console.print(table)
     s = report["seconds"]
     console.print(f"seconds per question: p50 {s['p50']:.2f}, p95 {s['p95']:.2f}", highlight=False)
+    totals = {k: sum(row[k] for row in report["outcomes"]["sources"].values()) for k in OUTCOMES}
+    by_type = " (by question type in the report)" if report["outcomes"]["types"] else ""
+    console.print("outcomes: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in totals.items()) + by_type,
+                  highlight=False)
     console.print(f"report: {escape(str(out / 'report.md'))}", highlight=False)
 
 
