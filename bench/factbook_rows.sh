@@ -9,6 +9,7 @@
 #   bench/factbook_rows.sh teacher                # the SFT teacher (train/configs/factbook-teacher-sft.yaml)
 #   bench/factbook_rows.sh row METHOD SEED [k=v]  # one RL run (out/runs/rl-METHOD-sSEED) or KD-loss row
 #   bench/factbook_rows.sh name METHOD SEED       # the run folder's name that row trains (TAG, START as for row)
+#   bench/factbook_rows.sh start-name ADAPTER     # the merged KD start's folder name (kd-start-DIGEST)
 #   bench/factbook_rows.sh eval OUT.jsonl SPLITS NAME...   # EM rows of runs, or kd, teacher, base (bench/factbook_eval.py; LIMIT=N: first N)
 #   bench/factbook_rows.sh reports OUT.jsonl NAME...      # the test EM rows the runs wrote while training (RL: every 50 steps)
 #   bench/factbook_rows.sh pack NAME|DIR [QUANT]  # a run's student (or a checkpoint folder) as GGUF (q8_0) in 15 MiB pieces + sha256
@@ -62,7 +63,11 @@ run_name() {  # METHOD SEED (TAG and START from the environment)
     *) echo "rl-$1$lora${TAG:+-$TAG}-s$2" ;;
   esac
 }
+# The merged KD start's folder name, after the adapter's digest, so another adapter never reuses a
+# merged start; bench/worlds_loo.sh names its lanes' KD starts by it too (`start-name ADAPTER`).
+start_name() { echo "kd-start-$(sha256sum "$1/adapter_model.safetensors" | cut -c1-12)"; }
 if [ "${1:-}" = name ]; then run_name "${2:?METHOD}" "${3:?SEED}"; exit 0; fi
+if [ "${1:-}" = start-name ]; then start_name "${2:?ADAPTER}"; exit 0; fi
 py=${PYTHON:-python3}
 de=("$py" -m dgpo_edge)
 STEPS=${STEPS:-200}
@@ -81,8 +86,7 @@ need_kd() {  # sets KD, the merged KD start's folder (the stages that use it cal
   have_kd || {
     echo "error: no KD adapter at $KD_ADAPTER (Table 1's: git archive $TABLE1_KD_COMMIT dgpo_edge/bundle/shipped/adapter" \
          "| tar x -C out/kd-start-adapter; on a lease, bench/lease/prepare.sh's data call brings it)" >&2; exit 2; }
-  # named after the adapter's digest, so another adapter never reuses a merged start
-  KD=out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12)
+  KD=out/models/$(start_name "$KD_ADAPTER")
 }
 LAYERS=${STUDENT_LAYERS:-24}   # the depth KD_ADAPTER was trained at (model merge refuses another); 24: the shipped one's
 BASE=out/models/smollm2-135m-${LAYERS}l

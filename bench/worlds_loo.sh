@@ -123,7 +123,7 @@ mixture_of() {  # HELD_OUT: the mixture's name (none: all)
 }
 kd_start() {  # MIXTURE: the lane's KD student as "MODEL ADAPTER": KD_ADAPTER merged, or the KD run's best
   if [[ -n ${KD_ADAPTER:-} ]]; then
-    echo "$out/models/kd-start-$(sha256sum "$KD_ADAPTER/adapter_model.safetensors" | cut -c1-12) $KD_ADAPTER"
+    echo "$out/models/$(bash bench/factbook_rows.sh start-name "$KD_ADAPTER") $KD_ADAPTER"
   else
     echo "$out/runs/worlds-kd-$1$tag/checkpoints/best $out/runs/worlds-kd-$1$tag/checkpoints/best/adapter"
   fi
