@@ -81,6 +81,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     predictions = read_rows(args.eval_dir / "predictions.jsonl")
+    if not predictions:
+        fail(f"error: {args.eval_dir / 'predictions.jsonl'} holds no predictions")
     questions = {q["id"]: q for q in read_rows(args.data)}
     row = {"questions": args.questions, "command": args.command, **summarize(predictions, questions)}
     if args.against:

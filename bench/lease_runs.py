@@ -26,8 +26,11 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def _number(v: str) -> float | None:
-    return None if v in ("", "nan", "na") else float(v)
+def _number(v: str | None, key: str = "") -> float | int | None:
+    """A csv cell as a number (None when empty or nan); steps and counts as integers."""
+    if v is None or v in ("", "nan", "na"):
+        return None
+    return int(float(v)) if key in ("step", "dev_n") else float(v)
 
 
 def run_record(run: Path) -> dict:
@@ -35,15 +38,14 @@ def run_record(run: Path) -> dict:
     out: dict = {}
     if (run / "summary.json").is_file():
         out["summary"] = json.loads((run / "summary.json").read_text(encoding="utf-8"))
-    dev = [{k: (int(float(v)) if k in ("step", "dev_n") else _number(v)) for k, v in r.items()}
-           for r in _rows(run / "eval.csv")]
+    dev = [{k: _number(v, k) for k, v in r.items()} for r in _rows(run / "eval.csv")]
     if dev:
         out["dev"] = dev
     metrics = _rows(run / "metrics.csv")
     if metrics and "loss" in metrics[0]:   # a KD run: its loss at the first and the last log
         keep = ("step", "loss", "peak_mem_gb", "elapsed_s")
-        out["first_logged"] = {k: _number(metrics[0][k]) for k in keep if k in metrics[0]}
-        out["last_logged"] = {k: _number(metrics[-1][k]) for k in keep if k in metrics[-1]}
+        out["first_logged"] = {k: _number(metrics[0][k], k) for k in keep if k in metrics[0]}
+        out["last_logged"] = {k: _number(metrics[-1][k], k) for k in keep if k in metrics[-1]}
     elif metrics:
         if "collapse" in metrics[0]:
             out["collapse_alarms"] = sum(1 for r in metrics if (_number(r["collapse"]) or 0) > 0)

@@ -19,7 +19,7 @@ def test_rl_and_kd_runs_and_the_lanes_log(tmp_path):
     rl = tmp_path / "rl-dgpo-s1"   # stopped by the deadline: no summary.json
     rl.mkdir()
     (rl / "metrics.csv").write_text("step,reward,collapse\n1,0.5,0\n2,0.6,1\n3,0.7,0\n")
-    (rl / "eval.csv").write_text("step,dev_n,dev_em\n50,300,0.87\n100,300,nan\n")
+    (rl / "eval.csv").write_text("step,dev_n,dev_em\n50,300,0.87\n100,300,nan\n,,\n")   # a cut last line
     kd = tmp_path / "kd-sft-s0"
     kd.mkdir()
     (kd / "metrics.csv").write_text("step,loss,peak_mem_gb,elapsed_s,lr\n10,3.9,24.5,6.2,1e-4\n525,0.01,24.7,380,0\n")
@@ -32,7 +32,8 @@ def test_rl_and_kd_runs_and_the_lanes_log(tmp_path):
     doc = json.loads(out.read_text())
     assert (doc["card"], doc["commit"], doc["lanes_log"]) == ("H200", "abc", ["[08:31:11] start", "[08:57:11] done"])
     assert doc["runs"]["rl-dgpo-s1"] == {"dev": [{"step": 50, "dev_n": 300, "dev_em": 0.87},
-                                                 {"step": 100, "dev_n": 300, "dev_em": None}],
+                                                 {"step": 100, "dev_n": 300, "dev_em": None},
+                                                 {"step": None, "dev_n": None, "dev_em": None}],
                                          "collapse_alarms": 1, "steps_logged": 3}
     assert doc["runs"]["kd-sft-s0"] == {"summary": {"steps": 525},
                                         "first_logged": {"step": 10, "loss": 3.9, "peak_mem_gb": 24.5, "elapsed_s": 6.2},

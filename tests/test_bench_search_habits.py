@@ -19,7 +19,8 @@ def test_habits_of_a_gzipped_predictions_file(tmp_path):
     rows = [_rec(1.0, 1.0, 1.0, ["Tanzen Joinery"]),
             _rec(0.0, 0.0, 1.0, ["Project Tanzen", "Tanzen buyer", "Tanzen buyer"]),   # repeats, no answer
             _rec(0.0, 1.0, 0.0, ["project halelny"]),                                  # lower case counts
-            _rec(0.0, 1.0, 1.0, ["Projection of Mars"])]                               # a word, not a prefix
+            _rec(0.0, 1.0, 1.0, ["Projection of Mars"]),                               # a word, not a prefix
+            _rec(1.0, 1.0, 1.0, ["Project"])]                                          # the word alone
     path = tmp_path / "p.jsonl.gz"
     with gzip.open(path, "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -27,9 +28,9 @@ def test_habits_of_a_gzipped_predictions_file(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
-    assert got["outcomes"] == {"right": 1, "no_answer": 1, "no_search": 0, "not_found": 1, "misread": 1}
+    assert got["outcomes"] == {"right": 2, "no_answer": 1, "no_search": 0, "not_found": 1, "misread": 1}
     assert (got["repeated_a_search"], got["repeated_and_no_answer"]) == (1, 1)
-    assert got["prefix"] == {"word": "Project", "questions": 2, "em": 0.0, "em_of_the_rest": 0.5}
+    assert got["prefix"] == {"word": "Project", "questions": 3, "em": 0.3333, "em_of_the_rest": 0.5}
 
 
 def test_a_missing_or_damaged_file_is_one_error_line(tmp_path):

@@ -92,6 +92,12 @@ def test_outcomes_tell_retrieval_from_reading_failures_per_type():
     assert list(o["types"]) == ["bridge", "comparison", "fact"]
     md = report_markdown(make_report(records))
     assert "| type: fact | 2 | 1 | 0 | 0 | 0 | 1 |" in md
+    # a record resumed from a version that kept no type, and a second dataset: the rows add up to n
+    mixed = [*records, {**records[0], "source": "v", "type": "fact"}]
+    del mixed[1]["type"]
+    types = make_report(mixed)["outcomes"]["types"]
+    assert sorted(types) == ["v: fact", "w: (no type)", "w: bridge", "w: comparison", "w: fact"]
+    assert sum(sum(row.values()) for row in types.values()) == len(mixed)
 
 
 def test_eval_json_prints_the_report_and_keeps_the_bar_on_stderr(engine_script, index_dir: Path, tmp_path: Path):
@@ -289,6 +295,14 @@ def test_two_files_named_alike_are_two_datasets(tmp_path: Path):
     report = evaluate(agent, questions, tmp_path / "out")
     assert report["scores"]["sources"]["factbookqa/test"]["n"] == 2 and report["scores"]["sources"]["records/test"]["em"] == 1.0
     assert [ex.source for ex in load_questions([a]).examples] == ["test", "test"]   # alone: named as before
+    # still alike after the folder (a/x/test.jsonl, b/x/test.jsonl): refused, not merged
+    for root in ("a", "b"):
+        (tmp_path / root / "x").mkdir(parents=True)
+        write_questions(tmp_path / root / "x" / "test.jsonl", n=1)
+    with pytest.raises(InputError, match="would both be dataset 'x/test'"):
+        load_questions([tmp_path / "a" / "x" / "test.jsonl", tmp_path / "b" / "x" / "test.jsonl"])
+    with pytest.raises(InputError, match="duplicate question key"):   # one file twice
+        load_questions([a, a])
 
 
 def test_load_questions_checks():

@@ -251,6 +251,8 @@ def test_notes_folder_indexed_and_searched(tmp_path):
     assert (notes / "people").is_dir() and (notes / "meetings").is_dir()
     person = (notes / next(f for f in files if f.startswith("people/"))).read_text(encoding="utf-8")
     assert person.startswith("# ") and "[[" in person  # a heading, then lines linking other notes
+    # built again over itself: its own notes/ is no foreign file
+    assert invoke("data", "build", "notes", "--out", out, "--size", 24, "--as-folder", "--samples", 0).exit_code == 0
 
     index = tmp_path / "index"
     result = invoke("index", "build", notes, "--out", index)  # the laptop's defaults: MiniLM-int8 vectors
@@ -319,6 +321,11 @@ def test_a_build_replaces_a_world_and_refuses_any_other_folder(tmp_path):
     assert (out / "manifest.json").read_bytes() == second and (out / "README.txt").exists()
     (out / "README.txt").unlink()
     (out / "my-index").rmdir()
+    (out / "notes").mkdir()   # only a notes world writes notes/; here it is someone's, as a hidden .git is
+    assert_one_line_error(invoke("data", "build", "records", "--out", out, "--size", 20, "--samples", 0), "(notes)")
+    (out / "notes").rename(out / ".git")
+    assert_one_line_error(invoke("data", "build", "records", "--out", out, "--size", 20, "--samples", 0), "(.git)")
+    (out / ".git").rmdir()
 
     notes = tmp_path / "my-notes"
     notes.mkdir()

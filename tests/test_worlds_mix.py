@@ -438,6 +438,15 @@ def test_quoted_answer_turns_copy_the_line_that_holds_the_answer():
     assert quoted_answer_turn(turn, {**row, "type": "comparison"}, [card]) == turn
     assert quoted_answer_turn(turn, {**row, "evidence": ["records:8"]}, [card]) == turn
     assert quoted_answer_turn(turn, {**row, "golden_answers": ["Ulrich"]}, [card]) == turn
+    # several clauses hold the answer: the one naming the question's relation, or no quote at all
+    aluminium = Passage("elements:13", '"Aluminium"\nAluminium: period 3, block p, group 13. Atomic number 13.')
+    ask = {"type": "fact", "evidence": ["elements:13"], "golden_answers": ["13"], "relation": "atomic number"}
+    assert 'says "Atomic number 13"' in quoted_answer_turn(turn, ask, [aluminium])
+    assert quoted_answer_turn(turn, {**ask, "relation": "mass"}, [aluminium]) == turn
+    # any evidence passage the last search retrieved (a neighbour's capital, not the last listed)
+    capitals = {"type": "neighbour_bridge", "evidence": ["fb:1", "fb:2", "fb:3"], "golden_answers": ["Riga"]}
+    latvia = Passage("fb:2", '"Latvia"\nCapital: Riga')
+    assert 'The passage on Latvia says "Capital: Riga"' in quoted_answer_turn(turn, capitals, [latvia])
 
 
 def test_a_quoting_mixture_quotes_evidence_and_is_kept_only_as_such(mix: Path, worlds: Path, tmp_path: Path):

@@ -70,19 +70,35 @@ def load_questions(files: Sequence[str | Path], limit: int | None = None, fmt: s
         raise InputError(f"--limit must be >= 1, got {limit}")
     out: list[QAExample] = []
     seen: set[str] = set()
-    stems = Counter(Path(f).stem for f in files)
+    names = dataset_names(files)
     for f in files:
         for ex in read_qa(f, format=fmt, limit=limit):
-            if stems[Path(f).stem] > 1 and ex.source == Path(f).stem:
-                # two files named alike (factbookqa/test.jsonl, records/test.jsonl) are two datasets,
-                # not one: named by their folder too, so neither their rows nor their keys merge
-                ex = replace(ex, source=f"{Path(f).parent.name}/{ex.source}")
+            if ex.source == Path(f).stem:   # named after its file, not by a source field
+                ex = replace(ex, source=names[str(f)])
             k = key(ex)
             if k in seen:
                 raise InputError(f"duplicate question key {k!r} (dataset/id); evaluate the file once", f)
             seen.add(k)
             out.append(ex)
     return EvalSet(out, [str(f) for f in files])
+
+
+def dataset_names(files: Sequence[str | Path]) -> dict[str, str]:
+    """The dataset name of each file's questions that name no source: the file's stem, or, for two
+    files named alike (factbookqa/test.jsonl, records/test.jsonl), FOLDER/STEM, so that two
+    datasets never merge into one row. Two different files still named alike are refused; one file
+    given twice is left to the duplicate-key check."""
+    stems = Counter(Path(f).stem for f in files)
+    names = {str(f): Path(f).stem if stems[Path(f).stem] == 1 else f"{Path(f).resolve().parent.name}/{Path(f).stem}"
+             for f in files}
+    by_name: dict[str, set[Path]] = {}
+    for f in files:
+        by_name.setdefault(names[str(f)], set()).add(Path(f).resolve())
+    for name, paths in by_name.items():
+        if len(paths) > 1:
+            first, second = sorted(map(str, paths))[:2]
+            raise InputError(f"--data {first} and {second} would both be dataset {name!r}; rename one")
+    return names
 
 
 def key(ex: QAExample) -> str:
@@ -160,7 +176,8 @@ def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool
     agent's protocol limits and `run_arc` they go to run.json, and a rerun
     into the same `out` must match them. Which files and how many questions
     do not count: a rerun with a larger `--limit` or one more file extends
-    the same predictions. `on_start(done, total)` is called once the output
+    the same predictions (but a file named like one evaluated before renames both datasets,
+    `dataset_names`, so the earlier one's questions run again under the new name). `on_start(done, total)` is called once the output
     folder is checked, `on_record(record, done, total)` after each question.
     """
     out = Path(out).expanduser()
@@ -304,7 +321,19 @@ def make_report(records: Sequence[dict[str, Any]], settings: dict[str, Any] | No
             "seconds": {"p50": _pct(all_s, 50), "p95": _pct(all_s, 95),
                         "mean": sum(all_s) / len(all_s) if all_s else 0.0},
             "stop_reasons": _count(r.get("stop_reason", "?") for r in records),
-            "outcomes": {"sources": outcome_counts(records, "source"), "types": outcome_counts(records, "type")}}
+            "outcomes": {"sources": outcome_counts(records, "source"), "types": _type_outcomes(records)}}
+
+
+def _type_outcomes(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Outcomes per question type: per dataset and type when there are several datasets (two
+    worlds' "bridge" are other questions), and records without a type (written by a version that
+    kept none, then resumed) as "(no type)", so the rows always add up to n. {} when no record
+    has a type."""
+    if not any("type" in r for r in records):
+        return {}
+    several = len({r["source"] for r in records}) > 1
+    return outcome_counts([{**r, "group": (f"{r['source']}: " if several else "") + r.get("type", "(no type)")}
+                           for r in records], "group")
 
 
 def _pct(xs: Sequence[float], p: float) -> float:

@@ -213,9 +213,11 @@ def resolved_oracle(row: dict, trajectory: dict, index: BM25Index, quote: bool =
     t = Transcript(row["question"])
     t.append_prompt(protocol.user_message(row["question"]))
     hop, hits = 0, []
+    searches = sum(1 for seg in trajectory["segments"] if seg["kind"] == "information")
     for seg in trajectory["segments"]:
         if seg["kind"] == "turn":
-            last = hop == len(row["evidence"])
+            last = hop == searches   # the answer turn, after the last search (a question may list more
+            #                          evidence than it searches: any neighbour's capital answers it)
             t.append_turn(quoted_answer_turn(seg["text"], row, hits) if quote and last else seg["text"])
             continue
         if seg["kind"] != "information" or hop >= len(row["evidence"]):
@@ -236,27 +238,41 @@ _CLAUSE = re.compile(r"(?:[^.;\n]|\.(?=\S))+")   # a clause ends at ". ", ";" or
 
 def quoted_answer_turn(text: str, row: dict, hits: list[Passage]) -> str:
     """The answer turn with its think opened by the clause of the evidence that holds the answer:
-    '<think> The passage on Tanzen Joinery says "Its master is Piet Veny". ...'.
+    '<think> The passage on Tanzen Joinery says "master - Piet Veny". ...'.
 
     Why: held out of training, a student found the right record and then answered another part of
     it (its kind, its name, another field; docs/worlds.md, "Why held-out answers fail"). A think
     that first copies the line naming the asked field teaches finding that line, in whatever
-    layout a corpus writes it. Comparisons are left as they are (their answer is a name, found in
-    no field's line), as is a turn whose evidence was not retrieved or has no clause holding the
-    whole answer the turn gives."""
+    layout a corpus writes it. So a quote must be the asked field's clause or nothing: left as
+    they are are comparisons (their answer is a name, found in no field's clause), a turn whose
+    retrieved evidence has no clause holding the whole answer the turn gives, and one whose
+    evidence has several (Aluminium's 13 is its atomic number and its group) unless exactly one
+    of them names the question's relation."""
     if row.get("type") == "comparison" or not text.startswith(_THINK):
         return text
-    evidence = next((p for p in hits if p.id == row["evidence"][-1]), None)
-    if evidence is None:
+    gold = normalize_answer(row["golden_answers"][0])   # the alias the turn answers with
+    found = _clauses_holding(gold, [p for p in hits if p.id in set(row["evidence"])])
+    if len(found) > 1:
+        words = {w for w in normalize_answer(str(row.get("relation") or "")).split() if len(w) > 2}
+        found = [(title, c) for title, c in found if words & set(normalize_answer(c).split())]
+    if len(found) != 1:
         return text
-    title, _, body = evidence.contents.partition("\n")
-    gold = f" {normalize_answer(row['golden_answers'][0])} "   # the alias the turn answers with
-    clauses = [c.strip() for c in _CLAUSE.findall(body) if c.strip()]
-    holding = [c for c in clauses if gold.strip() and gold in f" {normalize_answer(c)} "]
-    if not holding:
-        return text
-    clause = min(holding, key=len)   # the field's own clause, not a long sentence around it
-    return f'{_THINK}The passage on {title.strip().strip(chr(34))} says "{clause}". {text[len(_THINK):]}'
+    title, clause = found[0]
+    return f'{_THINK}The passage on {title} says "{clause}". {text[len(_THINK):]}'
+
+
+def _clauses_holding(gold: str, passages: list[Passage]) -> list[tuple[str, str]]:
+    """(title, clause) for each clause of the passages that holds `gold` as whole words. A clause
+    with a tag-like "<" is skipped: the student reads passages with such text escaped."""
+    if not gold:
+        return []
+    out = []
+    for p in passages:
+        title, _, body = p.contents.partition("\n")
+        for clause in (c.strip() for c in _CLAUSE.findall(body)):
+            if clause and "<" not in clause and f" {gold} " in f" {normalize_answer(clause)} ":
+                out.append((title.strip().strip('"'), clause))
+    return list(dict.fromkeys(out))
 
 
 # --- the whole build ----------------------------------------------------------------------

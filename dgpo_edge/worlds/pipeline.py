@@ -143,8 +143,10 @@ def check_replaceable(out: Path) -> None:
     jsonio.check_replaceable(out, is_dataset, "a world or mixture folder")
     if not is_dataset(out):
         return
-    ours = {*FILES, "manifest.json", "notes"}   # notes/: the Markdown of `data build notes --as-folder`
-    foreign = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and p.name not in ours)
+    ours = {*FILES, "manifest.json", ".DS_Store"}
+    if (jsonio.our_manifest(out) or {}).get("kind") == "notes":
+        ours.add("notes")   # the Markdown of `data build notes --as-folder`
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in ours)   # a hidden .git too
     if foreign:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         raise InputError(f"holds files a world or mixture does not write ({', '.join(foreign[:3])}{more}), which "
