@@ -20,7 +20,7 @@ from typing import Any
 from dgpo_edge.engines.onnx_genai import OnnxGenaiEngine
 from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import replace_dir
-from dgpo_edge.train.models import check_replaceable
+from dgpo_edge.train.models import check_out
 
 from .checkpoint import open_checkpoint
 from .parity import (PARITY_TEXTS, Reference, compare_logits, compare_tokenizers, judge,
@@ -46,7 +46,7 @@ def export_onnx(model: str | Path, out: str | Path, precision: str = "int4",
     except ImportError as e:
         raise InputError(f"{e.name} is not installed (pip install 'dgpo-edge[export]')") from None
     out = Path(out).absolute()   # `--out .` has no name to put the temp folder beside
-    check_replaceable(out)
+    check_out(out, ckpt.path)    # nor the checkpoint itself: its weights would go with the old folder
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as work:
         build = Path(work) / "model"

@@ -114,3 +114,15 @@ def test_bad_inputs(tmp_path):
     assert_one_line_error(invoke("export", "onnx", ckpt, "--out", tmp_path / "o",
                                  "--precision", "int3"), "unknown --precision 'int3'")
     assert not (tmp_path / "o").exists()
+
+
+def test_out_that_is_the_checkpoint_itself_is_refused(tiny_qwen, tmp_path):
+    """`export onnx m --out m` replaced the transformers checkpoint with its own ONNX export."""
+    import shutil
+
+    ckpt = shutil.copytree(tiny_qwen, tmp_path / "m")
+    before = sorted(p.name for p in ckpt.iterdir())
+    for out in (ckpt, tmp_path / "." / "m" / ""):
+        assert_one_line_error(invoke("export", "onnx", ckpt, "--out", out, "--precision", "fp32",
+                                     "--no-verify"), "is also this command's input")
+    assert sorted(p.name for p in ckpt.iterdir()) == before
