@@ -77,6 +77,20 @@ def test_without_a_terminal_a_real_process_exits_instead_of_hanging(tmp_path):
     assert not (tmp_path / "cache").exists()   # refused before the default bundle is built
 
 
+def test_a_refused_chat_leaves_no_new_history_behind(tmp_path):
+    """`chat --history new/dir/chats.sqlite` without a terminal made the folders and an empty
+    history before it refused; nothing is written until the app starts."""
+    pytest.importorskip("textual")
+    new = tmp_path / "new" / "dir" / "chats.sqlite"
+    assert_one_line_error(invoke("chat", "--history", new), "chat needs a terminal")
+    assert not (tmp_path / "new").exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert_one_line_error(invoke("chat", "--history", blocker / "sub" / "chats.sqlite"),
+                          str(blocker / "sub"), "cannot create the chat history folder")
+    assert blocker.read_text() == "x"
+
+
 def test_out_of_range_settings_are_refused():
     assert_one_line_error(invoke("chat", "--top-k", "0"), "--top-k must be in 1..20, got 0")
     assert_one_line_error(invoke("chat", "--max-searches", "17"), "--max-searches must be in 0..16, got 17")

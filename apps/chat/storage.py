@@ -94,43 +94,11 @@ class ChatStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InputError(f"cannot create the chat history folder ({e.strerror})", self.path.parent) from None
-        if self._check_existing():
+        if _check_existing(self.path, timeout_s):
             return
         with self._connect() as db:   # a new (or empty) file: make it a chat history
             db.executescript(_SCHEMA)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    def _check_existing(self) -> bool:
-        """True for an existing chat history of this format, False for no file or an empty one.
-
-        Read-only, so a file that is not ours (another application's database) is refused
-        before anything could change it: no table created, no WAL switch, no pragma written.
-        """
-        if self.path.is_dir():
-            raise InputError("is a folder; give --history a file (e.g. chats.sqlite inside it)", self.path)
-        if not self.path.exists() or (self.path.is_file() and self.path.stat().st_size == 0):
-            return False
-        uri = "file:" + pathname2url(str(self.path.resolve())) + "?mode=ro"
-        try:
-            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=self.timeout_s)) as db:
-                version = db.execute("PRAGMA user_version").fetchone()[0]
-                tables = {name: [c[1] for c in db.execute(f"PRAGMA table_info('{name}')")]
-                          for name in _TABLES}
-                empty = db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
-        except sqlite3.DatabaseError as e:
-            raise InputError(f"not a readable chat history ({e})", self.path) from None
-        if empty and version == 0:
-            return False
-        if tables != _TABLES:
-            raise InputError("not a dgpo-edge chat history (it lacks this app's tables): refused, left "
-                             "unchanged; give --history another file", self.path)
-        if version > SCHEMA_VERSION:
-            raise InputError(f"chat history format {version} is newer than this dgpo-edge reads "
-                             f"({SCHEMA_VERSION})", self.path)
-        if version != SCHEMA_VERSION:
-            raise InputError(f"not a dgpo-edge chat history (format {version}, expected {SCHEMA_VERSION}): "
-                             "refused, left unchanged", self.path)
-        return True
 
     # --- writing ------------------------------------------------------------------
 
@@ -218,6 +186,53 @@ class ChatStore:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+
+
+def check_history(path: str | Path | None = None, timeout_s: float = 10.0) -> None:
+    """What opening a ChatStore on `path` would refuse, found without writing anything: a folder,
+    a file that is not a chat history of this format, a folder that cannot be made above it.
+    `chat` runs this before it loads the model and opens the store only when the app starts,
+    so a chat refused in between (no terminal, a model that fails) leaves no new file or folder."""
+    path = Path(path) if path is not None else default_path()
+    for parent in path.parents:
+        if parent.is_dir():
+            break
+        if parent.exists() or parent.is_symlink():
+            raise InputError("cannot create the chat history folder (Not a directory)", path.parent)
+    _check_existing(path, timeout_s)
+
+
+def _check_existing(path: Path, timeout_s: float) -> bool:
+    """True for an existing chat history of this format, False for no file or an empty one.
+
+    Read-only, so a file that is not ours (another application's database) is refused
+    before anything could change it: no table created, no WAL switch, no pragma written.
+    """
+    if path.is_dir():
+        raise InputError("is a folder; give --history a file (e.g. chats.sqlite inside it)", path)
+    if not path.exists() or (path.is_file() and path.stat().st_size == 0):
+        return False
+    uri = "file:" + pathname2url(str(path.resolve())) + "?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=timeout_s)) as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {name: [c[1] for c in db.execute(f"PRAGMA table_info('{name}')")]
+                      for name in _TABLES}
+            empty = db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+    except sqlite3.DatabaseError as e:
+        raise InputError(f"not a readable chat history ({e})", path) from None
+    if empty and version == 0:
+        return False
+    if tables != _TABLES:
+        raise InputError("not a dgpo-edge chat history (it lacks this app's tables): refused, left "
+                         "unchanged; give --history another file", path)
+    if version > SCHEMA_VERSION:
+        raise InputError(f"chat history format {version} is newer than this dgpo-edge reads "
+                         f"({SCHEMA_VERSION})", path)
+    if version != SCHEMA_VERSION:
+        raise InputError(f"not a dgpo-edge chat history (format {version}, expected {SCHEMA_VERSION}): "
+                         "refused, left unchanged", path)
+    return True
 
 
 _TYPES = {"str": (str,), "None": (type(None),), "int": (int,), "float": (int, float), "bool": (bool,)}

@@ -52,7 +52,7 @@ def build_app(bundle: Path | None = None, model: Path | None = None, index: Path
     try:
         from ..apps.chat.app import ChatApp
         from ..apps.chat.screens import Settings
-        from ..apps.chat.storage import ChatStore
+        from ..apps.chat.storage import ChatStore, check_history
     except ImportError as e:
         raise InputError(f"the chat app needs Textual ({e.name} is missing): "
                          "pip install 'dgpo-edge[edge]'") from None
@@ -60,13 +60,14 @@ def build_app(bundle: Path | None = None, model: Path | None = None, index: Path
 
     if bundle is not None:
         open_bundle(bundle)      # cheap (manifest and sizes): a bad bundle is named before "no terminal"
-    store = ChatStore(history)   # a broken history file is reported before a model loads
+    check_history(history)       # a broken history file is reported before a model loads
     if need_terminal:
         check_terminal()
 
     # Progress bars (stderr) show only if the default bundle has to be built first.
     agent = load_agent(bundle=bundle, model=model, index=index, threads=threads, top_k=top_k,
                        max_searches=max_searches, gpu_layers=gpu_layers)
+    store = ChatStore(history)   # made only now: a chat refused above leaves no new history file
     settings = Settings(top_k=agent.config.top_k, max_searches=agent.config.max_searches)
     return ChatApp(lambda: agent, store, settings=settings, description=describe(agent, bundle, model, index))
 
