@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -98,6 +99,32 @@ def test_a_partial_folder_the_tool_did_not_make_is_refused(tmp_path: Path, hf_mo
     b = build_bundle(hf_model, index_dir, tmp_path / "B")
     assert not theirs.exists() and not (b.path / ".dgpo-edge-partial").exists()
     verify(b.path)
+
+
+def test_a_refused_build_leaves_no_partial_folder(tmp_path: Path, hf_model: Path, index_dir: Path):
+    """Bad input found while B.partial was filled (no --encoder for an e5 index, a notes folder as
+    --encoder, a missing model, a GGUF llama.cpp cannot read) left B.partial behind, with a copy
+    of the model in it; a notes folder given as --encoder was even bundled as the query encoder."""
+    e5 = shutil.copytree(index_dir, tmp_path / "e5-index")
+    m = json.loads((e5 / "manifest.json").read_text())
+    m["encoder"]["name"] = "e5-base-v2"
+    (e5 / "manifest.json").write_text(json.dumps(m))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("mine\n")
+    bad_gguf = tmp_path / "bad.gguf"
+    bad_gguf.write_bytes(b"GGUF" + bytes(60))
+    out = tmp_path / "B"
+    cases = [(["--model", hf_model, "--index", e5], "pass --encoder DIR"),
+             (["--model", hf_model, "--index", e5, "--encoder", notes], "transformers model folder"),
+             (["--model", tmp_path / "nope", "--index", index_dir], "no such model"),
+             (["--model", hf_model, "--index", tmp_path / "nope"], "no such index folder")]
+    if importlib.util.find_spec("llama_cpp") is not None:
+        cases.append((["--model", bad_gguf, "--index", index_dir], "llama.cpp cannot read"))
+    for args, needle in cases:
+        assert_one_line_error(invoke("export", "bundle", *args, "--out", out), needle)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf", "e5-index", "notes", "student",
+                                                               "student.parity.json"], needle
 
 
 @pytest.mark.parametrize("overwrite", [True, False])

@@ -371,19 +371,47 @@ def add_encoder(index_entry: dict[str, Any], work: Path, encoder: str | Path | N
     if not spec:
         return None
     dst = work / "encoder"
-    if encoder is None and spec.get("name") == MINILM_NAME:
+    src = encoder_source(spec, encoder)
+    if src is None:
         place(minilm_int8_path(), dst / "model.onnx")
         place(minilm_dir() / "tokenizer.json", dst / "tokenizer.json")
         return {"format": "minilm-int8-onnx", "path": "encoder", "name": MINILM_NAME}
+    for f in _tree_files(src):
+        place(f, dst / f.relative_to(src))
+    return {"format": "transformers", "path": "encoder", "name": spec.get("name")}
+
+
+def encoder_source(spec: dict[str, Any] | None, encoder: str | Path | None) -> Path | None:
+    """The folder of the query encoder for a dense index's encoder `spec`; None for the int8 MiniLM
+    (or a BM25 index). InputError: a non-MiniLM index without --encoder, or an --encoder that is not
+    a transformers model folder (the bundle's loader would refuse it)."""
+    from ..retrieval.encoders import MINILM_NAME
+
+    if not spec or (encoder is None and spec.get("name") == MINILM_NAME):
+        return None
     if encoder is None:
         raise InputError(f"the index was built with encoder {spec.get('name')!r}; pass --encoder DIR with "
                          f"that model's folder so the bundle can embed queries")
     src = Path(encoder).expanduser()
     if not src.is_dir():
         raise InputError("the query encoder must be a model folder", src)
-    for f in _tree_files(src):
-        place(f, dst / f.relative_to(src))
-    return {"format": "transformers", "path": "encoder", "name": spec.get("name")}
+    if not (src / "config.json").is_file():
+        raise InputError("the query encoder must be a transformers model folder (no config.json)", src)
+    return src
+
+
+def check_inputs(model: str | Path, index: str | Path, encoder: str | Path | None) -> None:
+    """What add_model, add_index and add_encoder would refuse, found before B.partial is made: a
+    missing or unreadable model, an index with a missing or cut-short file, a dense index without
+    its query encoder. A refused build then leaves nothing behind (B.partial would hold a copy of
+    the model, gigabytes for a large one)."""
+    from ..engines import gguf_file, model_kind
+    from ..retrieval.build import verify_files
+
+    src = Path(model).expanduser()
+    if model_kind(src) == "gguf":
+        gguf_chat_template(gguf_file(src))   # a file llama.cpp cannot read (vocabulary only: cheap)
+    encoder_source(verify_files(Path(index).expanduser(), full=False).get("encoder"), encoder)
 
 
 def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | None = None,
@@ -460,6 +488,7 @@ def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: 
     check_replaceable(out, is_bundle, "a bundle")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise InputError("a bundle already exists here; pass --overwrite to replace it", out)
+    check_inputs(model, index, encoder)
     emit = progress or _no_progress
     work = claim_partial(out.with_name(out.name + ".partial"))
     emit("model", 0, 1)
