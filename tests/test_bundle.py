@@ -384,3 +384,12 @@ def test_load_agent_from_default_bundle_and_from_an_index(cache: Path, index_dir
         assert agent.retriever.search(["capital of Kenya"], k=1)[0][0].title == "Kenya"
     with pytest.raises(InputError, match="no such index folder"):
         load_agent(index=cache / "nope", progress=False)
+
+
+def test_a_bundle_given_as_an_index_is_named_as_a_bundle(tmp_path: Path, hf_model: Path, index_dir: Path):
+    """`--index B` (a bundle) said "B/manifest.json: unknown index kind None: expected one of ...";
+    it now says what B is and what to give instead."""
+    b = build_bundle(hf_model, index_dir, tmp_path / "B").path
+    for args in (["index", "info", b], ["index", "search", b, "Kenya"], ["ask", "capital of Kenya?", "--index", b]):
+        assert_one_line_error(invoke(*args), f"{b}: is a bundle, not an index folder", "--bundle",
+                              str(b / "index"))
