@@ -184,6 +184,14 @@ def train_config() -> str:
 
 @pytest.mark.parametrize("module, args, extra", [
     ("gguf", ["export", "gguf", "model-dir", "--out", "m.gguf"], "pip install 'dgpo-edge[export]'"),
+    # torch comes with neither extra: the line says to install it (it said pip install 'dgpo-edge[export]'
+    # alone, after transformers' own "PyTorch was not found" line)
+    ("torch", ["export", "gguf", "model-dir", "--out", "m.gguf"], "pip install torch && pip install"),
+    ("torch", ["export", "onnx", "model-dir", "--out", "o"], "pip install torch && pip install"),
+    # the check in llama.cpp (or a K-quant) needs llama_cpp: said before the GGUF is written, not after
+    ("llama_cpp", ["export", "gguf", "model-dir", "--out", "m.gguf"], "pip install 'dgpo-edge[export]'"),
+    ("llama_cpp", ["export", "gguf", "model-dir", "--out", "m.gguf", "--no-verify", "--quant", "q4_k_m"],
+     "pip install 'dgpo-edge[export]'"),
     ("torch", ["model", "from-gguf", "m.gguf", "--out", "ckpt"], "pip install 'dgpo-edge[train]'"),
     ("torch", ["train", "sft", "--config", "CONFIG"], "pip install 'dgpo-edge[train]'"),
     ("torch", ["train", "tgo", "--teacher", "t", "--data", "d", "--index", "i", "--out", "o"],

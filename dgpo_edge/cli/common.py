@@ -113,7 +113,8 @@ def check_search_options(top_k: int | None, max_searches: int | None) -> None:
 
 
 # What each extra's install line is; train needs torch first (its build depends on the machine).
-EXTRA_INSTALL = {"train": "pip install torch && pip install 'dgpo-edge[train]'"}
+EXTRA_INSTALL = {"train": "pip install torch && pip install 'dgpo-edge[train]'",
+                 "export": "pip install torch && pip install 'dgpo-edge[export]'"}   # neither extra brings torch
 
 
 def needs_extra(extra: str, *modules: str) -> Callable[[F], F]:
@@ -139,6 +140,13 @@ def needs_extra(extra: str, *modules: str) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """needs_extra's check for modules only some runs of a command need (`export gguf`'s check)."""
+    missing = [m for m in modules if not _importable(m)]
+    if missing:
+        _missing_extra(extra, missing[0])
 
 
 def _importable(module: str) -> bool:

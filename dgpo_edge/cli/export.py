@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import console, err_console, needs_extra, user_errors
+from .common import console, err_console, needs_extra, require_extra, user_errors
 from .export_bundle import bundle_command
 
 app = typer.Typer(help="Export a checkpoint to GGUF (llama.cpp) or ONNX (onnxruntime-genai), checked.",
@@ -32,7 +32,7 @@ def _fail_if(result: dict, strict: bool) -> None:
 
 
 @app.command("gguf")
-@needs_extra("export", "gguf", "transformers")
+@needs_extra("export", "torch", "gguf", "transformers")
 @user_errors
 def gguf_command(
     model: str = typer.Argument(..., help="A transformers checkpoint directory (or a hub id, with a hub)."),
@@ -48,8 +48,11 @@ def gguf_command(
     from ..export.gguf_verify import verify_gguf
     from ..export.gguf_writer import write_gguf
     from ..export.parity import parity_path
+    from ..export.quantize import LLAMA_CPP_QUANTS
     from ..train.models import quiet_transformers
 
+    if verify or quant.lower() in LLAMA_CPP_QUANTS:   # before minutes of writing, not after
+        require_extra("export", "llama_cpp")
     quiet_transformers()
     with err_console.status(f"writing {out.name} ({quant})"):
         path = write_gguf(model, out, quant=quant, pre=pre, threads=threads)
@@ -65,7 +68,7 @@ def gguf_command(
 
 
 @app.command("onnx")
-@needs_extra("export", "onnxruntime_genai", "onnx_ir", "onnx", "transformers")
+@needs_extra("export", "torch", "onnxruntime_genai", "onnx_ir", "onnx", "transformers")
 @user_errors
 def onnx_command(
     model: str = typer.Argument(..., help="A transformers checkpoint directory (or a hub id, with a hub)."),
