@@ -144,6 +144,18 @@ def test_the_ends_of_the_ranges_are_taken(path, tmp_path, monkeypatch):
         assert_one_line_error(invoke(*agent_args(path, tmp_path, *extra)), "no such model", "no-model.gguf")
 
 
+@pytest.mark.parametrize("extra, needle", [(["-k", "21"], "--top-k must be in 1..20, got 21"),
+                                           (["--max-searches", "17"], "--max-searches must be in 0..16, got 17")])
+def test_a_bundle_records_only_search_settings_the_agent_commands_take(extra, needle, tmp_path):
+    """export bundle: a bundle made with -k 50 would give ask and chat a setting they refuse."""
+    from cli_helpers import assert_one_line_error
+
+    out = tmp_path / "b"
+    assert_one_line_error(invoke("export", "bundle", "--model", tmp_path / "m.gguf", "--index", tmp_path / "idx",
+                                 "--out", out, *extra), needle)
+    assert not out.exists() and not (tmp_path / "b.partial").exists()
+
+
 def test_the_ranges_are_the_chat_settings_screens():
     """A chat started with -k 20 opens a settings screen that can save it."""
     pytest.importorskip("textual")

@@ -12,7 +12,9 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .common import MAX_SEARCHES_HELP, TOP_K_HELP, console, max_searches_of, old_max_turns_option, user_errors
+from ..protocol import MAX_SEARCHES, MAX_TOP_K
+from .common import (MAX_SEARCHES_HELP, TOP_K_HELP, check_search_options, console, max_searches_of,
+                     old_max_turns_option, user_errors)
 
 
 @user_errors
@@ -23,9 +25,9 @@ def bundle_command(
     out: Path = typer.Option(..., "--out", help="The bundle folder to write."),
     encoder: Optional[Path] = typer.Option(None, "--encoder", help="Query encoder folder for a non-MiniLM dense "
                                                                    "index (MiniLM indexes get the int8 ONNX)."),
-    top_k: int = typer.Option(3, "--top-k", "-k", min=1, help=f"{TOP_K_HELP}."),
-    max_searches: int = typer.Option(4, "--max-searches", min=0, help=f"{MAX_SEARCHES_HELP}."),
-    old_max_turns: Optional[int] = old_max_turns_option(min=0),
+    top_k: int = typer.Option(3, "--top-k", "-k", help=f"{TOP_K_HELP}, 1 to {MAX_TOP_K} (the agent's range)."),
+    max_searches: int = typer.Option(4, "--max-searches", help=f"{MAX_SEARCHES_HELP}, 0 to {MAX_SEARCHES}."),
+    old_max_turns: Optional[int] = old_max_turns_option(),
     gpu_layers: int = typer.Option(0, "--gpu-layers", min=-1, help="Default llama.cpp GPU offload recorded in the "
                                    "manifest (0 none, -1 all); `--gpu-layers` on ask, eval, chat overrides it."),
     max_turn_tokens: int = typer.Option(500, "--max-turn-tokens", min=1, help="New tokens per turn."),
@@ -39,6 +41,8 @@ def bundle_command(
     from ..protocol import ProtocolConfig
     from .bundle import print_info
 
+    # the ranges ask, chat, eval and serve take, so a bundle never records a setting they would refuse
+    check_search_options(top_k, max_searches_of(max_searches, old_max_turns))
     config = ProtocolConfig(top_k=top_k, max_searches=max_searches_of(max_searches, old_max_turns),
                             max_turn_tokens=max_turn_tokens,
                             max_obs_tokens=max_obs_tokens, max_total_tokens=max_total_tokens)
