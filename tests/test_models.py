@@ -202,6 +202,10 @@ def test_prune_bad_layers(smol_qwen_dir, tmp_path, args, needle):
 def test_prune_not_a_checkpoint(tmp_path):
     result = invoke("model", "prune", tmp_path, "--keep-layers", "2", "--out", tmp_path / "p")
     assert_one_line_error(result, str(tmp_path), "no config.json")
+    for command in (["prune", "--keep-layers", "2"], ["merge", "--adapter", tmp_path]):   # a path that is not there
+        result = invoke("model", command[0], tmp_path / "nope", *command[1:], "--out", tmp_path / "p")
+        assert_one_line_error(result, str(tmp_path / "nope"), "no such model folder")
+    assert not (tmp_path / "p").exists()
 
 
 def test_from_gguf_bad_files(tmp_path):

@@ -301,14 +301,24 @@ def save_checkpoint(model: Any, tokenizer: Any, out: str | Path,
     return out
 
 
+def check_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder's config.json; one error naming the path otherwise (none there at all,
+    or a folder without a config)."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError("no such model folder", path)
+    if not (path / "config.json").is_file():
+        raise InputError("not a transformers checkpoint (no config.json)", path)
+    return path / "config.json"
+
+
 def load_checkpoint(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) from a transformers checkpoint directory, float32 by default."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise InputError("not a transformers checkpoint (no config.json)", path)
+    check_checkpoint(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     except (OSError, ValueError, KeyError) as e:
@@ -335,9 +345,7 @@ def from_gguf(gguf_file: str | Path, out: str | Path, as_arch: str | None = None
 def prune_checkpoint(model_dir: str | Path, out: str | Path, keep_layers: int | None = None,
                      layers: Sequence[int] | None = None) -> tuple[Path, list[int]]:
     """`dgpo-edge model prune`: keep `layers` (or `keep_layers` evenly spaced); returns (out, kept)."""
-    config_path = Path(model_dir) / "config.json"
-    if not config_path.is_file():
-        raise InputError("not a transformers checkpoint (no config.json)", model_dir)
+    config_path = check_checkpoint(model_dir)
     try:  # choose and check the layers before paying for loading the weights
         n = int(json.loads(config_path.read_text(encoding="utf-8"))["num_hidden_layers"])
     except (ValueError, KeyError, TypeError) as e:
