@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -203,6 +205,10 @@ def test_model_merge_refuses_an_adapter_of_another_depth(toy, tmp_path):
         result = invoke("model", "merge", base, "--adapter", adapter, "--out", tmp_path / "merged")
         assert_one_line_error(result, "adapter does not fit", needle, "adapter")
         assert not (tmp_path / "merged").exists()
+    # in a process of its own too (where a library's deprecation warnings would show): one line
+    r = subprocess.run([sys.executable, "-m", "dgpo_edge", "model", "merge", str(toy["teacher"]), "--adapter",
+                        str(adapter), "--out", str(tmp_path / "merged")], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     # nor over its own base: the merged model would replace the base it was made from
     before = sorted((p.name, p.stat().st_size) for p in one_layer.iterdir())
     result = invoke("model", "merge", one_layer, "--adapter", adapter, "--out", one_layer)

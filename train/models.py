@@ -28,6 +28,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     os.environ["TQDM_DISABLE"] = "1"  # the GGUF dequantizer uses plain tqdm
+    # deprecation notices of transformers' own internals (peft calls is_gradient_checkpointing,
+    # 2026-11): nothing a user can act on, and two lines before an error that should stand alone
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers(\.|$)")
 
 
 def smollm2_gguf() -> Path:
