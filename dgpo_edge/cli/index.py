@@ -137,7 +137,9 @@ def compact(
     flat: Path = typer.Option(..., "--flat", help="A Search-R1 Flat index (e5_Flat.index); row i = corpus line i."),
     corpus: Path = typer.Option(..., "--corpus", help="The matching Search-R1 jsonl corpus (wiki-18.jsonl)."),
     out: Path = typer.Option(..., "--out", help="Directory for vectors.faiss, store.sqlite, manifest.json."),
-    pq: int = typer.Option(64, "--pq", help="PQ code bytes per vector; must divide the dimension."),
+    pq: int = typer.Option(64, "--pq", help="PQ code bytes per vector: an M that divides the dimension (with "
+                                             "OPQ, also any M with 4*M <= dim). Below 8-bit codes (small "
+                                             "corpora) M is re-planned for the bits; the log names the index."),
     opq: Optional[bool] = typer.Option(None, "--opq/--no-opq", help="Rotate with OPQ before PQ (default: on from 8*dim training vectors)."),
     nlist: Optional[int] = typer.Option(None, help="IVF lists (default about 4*sqrt(n))."),
     nprobe: Optional[int] = typer.Option(None, help="Default lists searched (default: chosen from a recall sweep)."),
