@@ -125,7 +125,7 @@ def agent_args(path: str, tmp_path: Path, *extra: str) -> list[str]:
     (["--top-k", "21"], "--top-k must be in 1..20, got 21"),
     (["--max-searches", "-1"], "--max-searches must be in 0..16, got -1"),
     (["--max-searches", "17"], "--max-searches must be in 0..16, got 17"),
-    (["--max-turns", "17"], "--max-searches must be in 0..16, got 17"),   # the old spelling, the same range
+    (["--max-turns", "17"], "--max-turns must be in 0..16, got 17"),   # the old spelling, the same range, its name
 ])
 def test_the_agent_commands_share_one_range_for_the_search_options(path, extra, needle, tmp_path, monkeypatch):
     """ask, chat, eval and serve: one check (chat alone capped --top-k at 20, with a Rich box)."""

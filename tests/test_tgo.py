@@ -122,6 +122,9 @@ def test_tgo_command_end_to_end_and_bad_input(memorized, smol_tok, tmp_path):
 
     assert_one_line_error(invoke(*args[:2], "--teacher", tmp_path / "nope", *args[4:]), "nope",
                           "not a transformers model folder")
+    # the agent commands' ranges: trajectories with settings a student could not run with are refused
+    assert_one_line_error(invoke(*args, "-k", 21), "--top-k must be in 1..20, got 21")
+    assert_one_line_error(invoke(*args, "--max-turns", 17), "--max-turns must be in 0..16, got 17")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "x", "golden_answers": ["y"]}\n{oops\n')
     assert_one_line_error(invoke(*args[:4], "--data", bad, *args[6:]), "bad.jsonl", "line 2")

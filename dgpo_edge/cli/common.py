@@ -87,7 +87,10 @@ def old_max_turns_option(**limits: Any) -> Any:
 
 
 def max_searches_of(max_searches: int | None, old_max_turns: int | None) -> int | None:
-    """`--max-searches`, or the old `--max-turns` when that was given (as `index serve --topk`)."""
+    """`--max-searches`, or the old `--max-turns` when that was given (as `index serve --topk`),
+    range-checked under the name the user typed (check_search_options names --max-searches)."""
+    if old_max_turns is not None and not 0 <= old_max_turns <= MAX_SEARCHES:
+        raise InputError(f"--max-turns must be in 0..{MAX_SEARCHES}, got {old_max_turns}")
     return max_searches if old_max_turns is None else old_max_turns
 
 

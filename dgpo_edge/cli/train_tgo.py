@@ -12,8 +12,9 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from .common import (MAX_SEARCHES_HELP, TOP_K_HELP, console, err_console, max_searches_of, needs_extra,
-                     old_max_turns_option, user_errors)
+from ..protocol import MAX_SEARCHES, MAX_TOP_K
+from .common import (MAX_SEARCHES_HELP, TOP_K_HELP, check_search_options, console, err_console, max_searches_of,
+                     needs_extra, old_max_turns_option, user_errors)
 
 
 @needs_extra("train", "torch", "transformers")
@@ -30,9 +31,9 @@ def tgo_command(
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature (> 0)."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass."),
     seed: int = typer.Option(0, "--seed", help="Random seed (per chunk of questions)."),
-    max_searches: int = typer.Option(4, "--max-searches", min=0, help=f"{MAX_SEARCHES_HELP}."),
-    old_max_turns: Optional[int] = old_max_turns_option(min=0),
-    top_k: int = typer.Option(3, "--top-k", "-k", min=1, help=f"{TOP_K_HELP}."),
+    max_searches: int = typer.Option(4, "--max-searches", help=f"{MAX_SEARCHES_HELP}, 0 to {MAX_SEARCHES}."),
+    old_max_turns: Optional[int] = old_max_turns_option(),
+    top_k: int = typer.Option(3, "--top-k", "-k", help=f"{TOP_K_HELP}, 1 to {MAX_TOP_K} (the agent's range)."),
     max_turn_tokens: int = typer.Option(500, "--max-turn-tokens", min=1, help="New tokens per turn."),
     engine: str = typer.Option("auto", "--engine", help="Decoder: auto, fast or plain."),
     device: str | None = typer.Option(None, "--device", help="cuda, cpu, ... (default: cuda if available)."),
@@ -48,6 +49,8 @@ def tgo_command(
     from ..train.evaluation import open_retriever
     from ..train.tgo import TgoConfig, done_ids, generate_teacher_trajectories
 
+    # the agent commands' ranges: trajectories a student learns from use settings it can run with
+    check_search_options(top_k, max_searches_of(max_searches, old_max_turns))
     if engine not in ENGINES:
         raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if temperature <= 0 or top_p <= 0:
