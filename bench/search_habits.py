@@ -44,9 +44,9 @@ def habits(rows: list[dict], prefix: str | None = None) -> dict:
            "repeated_and_no_answer": sum(1 for r in repeated if not r["answered"])}
     if prefix:
         word = prefix.lower()
-        with_it = [r for r in rows if any(q.lower() == word or q.lower().startswith(word + " ")
-                                          for q in r["search_queries"])]
-        rest = [r for r in rows if r not in with_it]
+        has = [any(q.lower() == word or q.lower().startswith(word + " ") for q in r["search_queries"]) for r in rows]
+        with_it = [r for r, h in zip(rows, has) if h]
+        rest = [r for r, h in zip(rows, has) if not h]
         em = lambda rs: round(sum(r["em"] for r in rs) / len(rs), 4) if rs else None  # noqa: E731
         out["prefix"] = {"word": prefix, "questions": len(with_it), "em": em(with_it), "em_of_the_rest": em(rest)}
     return out

@@ -120,15 +120,16 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
     episodes = [episode_arc(r.transcript, r.golds) for r in rollouts]
     arc = summarize_arc(episodes)
     # right, or where each question was lost (no answer, no search, not found, misread)
-    facts = [{"em": s, "answered": e.answered, "searches": e.searches, "hit": e.hit, "type": x.meta.get("type", "?")}
-             for s, e, x in zip(scores, episodes, examples)]
+    types = [x.meta.get("type", "?") for x in examples]
+    facts = [{"em": s, "answered": e.answered, "searches": e.searches, "hit": e.hit, "type": t}
+             for s, e, t in zip(scores, episodes, types)]
     n = len(rollouts)
     return {
         "n": n, "em": sum(scores) / n, "params": _params(model),
         # the weights decoded: an RL run's evaluations read its bf16 copy on a GPU (greedy ties can differ)
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "f1": sum(f1_score(r.answer, r.golds) for r in rollouts) / n,
-        "em_by_type": _by_group([x.meta.get("type", "?") for x in examples], scores),
+        "em_by_type": _by_group(types, scores),
         "em_by_hops": _by_group([x.meta.get("hops", "?") for x in examples], scores),
         "hit_ratio": arc["hit_ratio"], "search_steps": arc["search_steps"],
         "invalid_action_rate": arc["invalid_action_rate"], "answered_rate": arc["answered_rate"],

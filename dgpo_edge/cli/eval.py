@@ -19,7 +19,6 @@ import typer
 from rich.markup import escape
 
 from ..arc import OUTCOMES
-
 from .ask import BUNDLE_HELP, INDEX_HELP, MODEL_HELP, agent_options
 from .common import (GPU_LAYERS_HELP, console, err_console, max_searches_of, max_searches_option,
                      old_max_turns_option, top_k_option, user_errors)

@@ -42,8 +42,9 @@ def bundle_command(
     from .bundle import print_info
 
     # the ranges ask, chat, eval and serve take, so a bundle never records a setting they would refuse
-    check_search_options(top_k, max_searches_of(max_searches, old_max_turns))
-    config = ProtocolConfig(top_k=top_k, max_searches=max_searches_of(max_searches, old_max_turns),
+    max_searches = max_searches_of(max_searches, old_max_turns)
+    check_search_options(top_k, max_searches)
+    config = ProtocolConfig(top_k=top_k, max_searches=max_searches,
                             max_turn_tokens=max_turn_tokens,
                             max_obs_tokens=max_obs_tokens, max_total_tokens=max_total_tokens)
     bar = RichProgress()

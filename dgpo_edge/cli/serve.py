@@ -43,7 +43,8 @@ def serve(
 
     if timeout <= 0:
         raise InputError(f"--timeout must be > 0, got {timeout}")
-    check_search_options(top_k, max_searches_of(max_searches, old_max_turns))
+    max_searches = max_searches_of(max_searches, old_max_turns)
+    check_search_options(top_k, max_searches)
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -53,7 +54,7 @@ def serve(
     sock = listen(host, port)
     try:
         pool = load_pool(engines, queue, bundle=bundle, model=model, index=index, threads=threads, top_k=top_k,
-                         max_searches=max_searches_of(max_searches, old_max_turns), timeout_s=timeout,
+                         max_searches=max_searches, timeout_s=timeout,
                          gpu_layers=gpu_layers)
         try:
             app = make_app(pool, model_name, ServeLimits(timeout=timeout), local_only=local)

@@ -50,7 +50,8 @@ def tgo_command(
     from ..train.tgo import TgoConfig, done_ids, generate_teacher_trajectories
 
     # the agent commands' ranges: trajectories a student learns from use settings it can run with
-    check_search_options(top_k, max_searches_of(max_searches, old_max_turns))
+    max_searches = max_searches_of(max_searches, old_max_turns)
+    check_search_options(top_k, max_searches)
     if engine not in ENGINES:
         raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if temperature <= 0 or top_p <= 0:
@@ -61,7 +62,7 @@ def tgo_command(
     if not all(ex.answers for ex in examples):
         raise InputError("every question needs gold answers (only correct trajectories are kept)", data)
     config = TgoConfig(n=n, rollout=RolloutConfig(
-        protocol=ProtocolConfig(top_k=top_k, max_searches=max_searches_of(max_searches, old_max_turns),
+        protocol=ProtocolConfig(top_k=top_k, max_searches=max_searches,
                                 max_turn_tokens=max_turn_tokens), temperature=temperature,
         top_p=top_p, seed=seed, batch_size=batch_size, engine=engine, chat_template=chat_template))
     done_ids(out)   # an --out that is no `train tgo` file fails before anything loads

@@ -251,7 +251,8 @@ def quoted_answer_turn(text: str, row: dict, hits: list[Passage]) -> str:
     if row.get("type") == "comparison" or not text.startswith(_THINK):
         return text
     gold = normalize_answer(row["golden_answers"][0])   # the alias the turn answers with
-    found = _clauses_holding(gold, [p for p in hits if p.id in set(row["evidence"])])
+    evidence = set(row["evidence"])
+    found = _clauses_holding(gold, [p for p in hits if p.id in evidence])
     if len(found) > 1:
         words = {w for w in normalize_answer(str(row.get("relation") or "")).split() if len(w) > 2}
         found = [(title, c) for title, c in found if words & set(normalize_answer(c).split())]
