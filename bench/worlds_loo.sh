@@ -234,8 +234,11 @@ lane() {  # HELD_OUT (none: no world): mix, teacher, KD, then DGPO beside the KD
 gpus=(${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true)})
 for i in "${!held[@]}"; do  # lane i on the i-th GPU (mod the GPUs there are); all lanes at once
   ( if [[ ${#gpus[@]} -gt 0 ]]; then export CUDA_VISIBLE_DEVICES=${gpus[$(( i % ${#gpus[@]} ))]}; fi
-    lane "${held[$i]}" > "$out/logs/worlds-lane-${held[$i]}$tag.log" 2>&1
-    log "lane ${held[$i]} done (log: $out/logs/worlds-lane-${held[$i]}$tag.log)" ) &
+    # named after the held-out world, MIX_TAG and depth, so that lanes of the same held-out world with another MIX_TAG,
+    # started beside this one in the same WORK_DIR, keep logs of their own
+    lane_log=$out/logs/worlds-lane-${held[$i]}${MIX_TAG:+-$MIX_TAG}$tag.log
+    lane "${held[$i]}" > "$lane_log" 2>&1
+    log "lane ${held[$i]} done (log: $lane_log)" ) &
 done
 failed=0
 for job in $(jobs -p); do wait "$job" || failed=1; done

@@ -1,6 +1,6 @@
 """bench/worlds_loo.sh's control flow, with PYTHON set to a recorder instead of an interpreter: which
 stages a lane skips, which evaluations it runs (MIX_DEV, EVAL_WORLDS, EVAL_TEACHER) and where its log
-goes (one per held-out world and depth). The stages themselves are tested with the real trainers
+goes (one per held-out world, MIX_TAG and depth). The stages themselves are tested with the real trainers
 elsewhere (tests/test_worlds_mix.py)."""
 
 from __future__ import annotations
@@ -114,6 +114,9 @@ def test_mix_tag_gives_an_experiment_its_own_mixture_runs_and_rows(work):
     assert f"run.out_dir={work / 'out' / 'runs' / 'worlds-teacher-sft-all-records'}" in trained[0]
     assert f"run.out_dir={work / 'out' / 'runs' / 'worlds-kd-all-records'}" in trained[1]
     assert {name for name, _, _ in evaluations(calls)} == {"kd@all-records", "teacher@all-records"}
+    # its own log, so that the untagged lane of the same held-out world can run beside it
+    assert (work / "out" / "logs" / "worlds-lane-none-records.log").is_file()
+    assert not (work / "out" / "logs" / "worlds-lane-none.log").exists()
 
 
 def test_runs_of_a_mixture_that_is_gone_are_refused_before_anything_runs(work):
