@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from table1 import fail  # noqa: E402
 
-from dgpo_edge.arc import OUTCOMES, outcome  # noqa: E402
+from dgpo_edge.arc import outcome_tally  # noqa: E402
 
 
 def read_predictions(path: Path) -> list[dict]:
@@ -35,9 +35,7 @@ def read_predictions(path: Path) -> list[dict]:
 
 def habits(rows: list[dict], prefix: str | None = None) -> dict:
     """Outcome counts, repeated searches and (with `prefix`) searches starting with that word."""
-    counts = dict.fromkeys(OUTCOMES, 0)
-    for r in rows:
-        counts[outcome(r)] += 1
+    counts = outcome_tally(rows)
     repeated = [r for r in rows if len(r["search_queries"]) != len(set(r["search_queries"]))]
     out = {"n": len(rows), "em": round(sum(r["em"] for r in rows) / len(rows), 4) if rows else 0.0,
            "outcomes": counts, "repeated_a_search": len(repeated),

@@ -103,15 +103,22 @@ def outcome(rec: dict[str, Any]) -> str:
     return "misread" if rec["hit"] else "not_found"
 
 
+def outcome_tally(records: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """{outcome: count} over `records`, every outcome present (0 where none)."""
+    row = dict.fromkeys(OUTCOMES, 0)
+    for r in records:
+        row[outcome(r)] += 1
+    return row
+
+
 def outcome_counts(records: Sequence[dict[str, Any]], by: str) -> dict[str, dict[str, int]]:
     """{group: {outcome: count}} with every outcome present, grouped by the records' `by` field
     (records without it are left out)."""
-    out: dict[str, dict[str, int]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         if by in r:
-            row = out.setdefault(str(r[by]), dict.fromkeys(OUTCOMES, 0))
-            row[outcome(r)] += 1
-    return dict(sorted(out.items()))
+            groups.setdefault(str(r[by]), []).append(r)
+    return {name: outcome_tally(rs) for name, rs in sorted(groups.items())}
 
 
 def evidence_message(question: str, passages: Sequence[Passage], think: bool) -> str:

@@ -66,6 +66,11 @@ def replace_dir(src: str | Path, dst: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+#: A bundle's manifest "format" (bundle.core.FORMAT), kept here, below both, so that retrieval can
+#: tell a bundle given as --index without importing bundle (which imports retrieval).
+BUNDLE_FORMAT = "dgpo-edge-bundle"
+
+
 def our_manifest(out: Path) -> dict | None:
     """The manifest.json of a folder this program wrote ("produced_by": "dgpo-edge ..."), else None."""
     try:
@@ -101,16 +106,18 @@ def check_folder_path(out: Path, name: str = "the output path") -> None:
 
 
 def check_holds_only(out: Path, allowed: Iterable[str], what: str, fix: str,
-                     first: tuple[str, str] | None = None, alone: Iterable[str] = ()) -> set[str]:
+                     first: tuple[str, str] | None = None, alone: Iterable[str] = (),
+                     hidden: bool = False) -> set[str]:
     """Refuse a file (`check_folder_path`), or a folder holding a visible name outside `allowed`: an
     output folder given by mistake, whose files a writer would mix with its own or replace. Returns
     the visible names.
-    Hidden names are left alone: a lock, a killed write's .NAME.*.tmp, a Finder .DS_Store.
+    Hidden names are left alone (a lock, a killed write's .NAME.*.tmp, a Finder .DS_Store), unless
+    `hidden`: for a folder replaced whole, where a .git would go with it.
     `first` = (NAME, WRITER): the file WRITER writes before any other, so the others (but those in
     `alone`) without it are someone else's files of the same names, refused too."""
     check_folder_path(out)
-    names = {p.name for p in out.iterdir() if not p.name.startswith(".")} if out.is_dir() else set()
-    foreign = sorted(names - set(allowed))
+    names = {p.name for p in out.iterdir() if hidden or not p.name.startswith(".")} if out.is_dir() else set()
+    foreign = sorted(names - set(allowed) - {".DS_Store"})
     if foreign:
         more = ", ..." if len(foreign) > 3 else ""
         raise InputError(f"holds files that are not {what} ({', '.join(foreign[:3])}{more}); {fix}", out)

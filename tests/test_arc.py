@@ -87,3 +87,19 @@ def test_evidence_message_escapes_injected_tags():
 ])
 def test_evidence_score(text, think, em, fmt):
     assert arc.evidence_score(text, ["nuevo sol", "PEN"], think) == {"em": em, "followed_format": fmt}
+
+
+def test_outcomes_by_hand():
+    """Each record falls in one outcome; a tally has every outcome, groups are sorted and records
+    without the grouping field are left out."""
+    recs = [dict(em=1.0, answered=True, searches=1, hit=True, type="fact"),
+            dict(em=0.0, answered=False, searches=2, hit=True, type="fact"),
+            dict(em=0.0, answered=True, searches=0, hit=False, type="bridge"),
+            dict(em=0.0, answered=True, searches=1, hit=False, type="bridge"),
+            dict(em=0.0, answered=True, searches=1, hit=True)]
+    assert [arc.outcome(r) for r in recs] == ["right", "no_answer", "no_search", "not_found", "misread"]
+    assert arc.outcome_tally(recs[2:4]) == {"right": 0, "no_answer": 0, "no_search": 1, "not_found": 1, "misread": 0}
+    counts = arc.outcome_counts(recs, "type")
+    assert list(counts) == ["bridge", "fact"]
+    assert counts["fact"] == {"right": 1, "no_answer": 1, "no_search": 0, "not_found": 0, "misread": 0}
+    assert sum(sum(row.values()) for row in counts.values()) == 4

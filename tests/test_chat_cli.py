@@ -87,7 +87,7 @@ def test_a_refused_chat_leaves_no_new_history_behind(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert_one_line_error(invoke("chat", "--history", blocker / "sub" / "chats.sqlite"),
-                          str(blocker / "sub"), "cannot create the chat history folder")
+                          str(blocker), "so the chat history folder", str(blocker / "sub"), "cannot be made in it")
     assert blocker.read_text() == "x"
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from urllib.request import pathname2url
 
 from dgpo_edge.errors import InputError
+from dgpo_edge.jsonio import check_folder_path
 
 from .exchange import Exchange
 
@@ -194,11 +195,7 @@ def check_history(path: str | Path | None = None, timeout_s: float = 10.0) -> No
     `chat` runs this before it loads the model and opens the store only when the app starts,
     so a chat refused in between (no terminal, a model that fails) leaves no new file or folder."""
     path = Path(path) if path is not None else default_path()
-    for parent in path.parents:
-        if parent.is_dir():
-            break
-        if parent.exists() or parent.is_symlink():
-            raise InputError("cannot create the chat history folder (Not a directory)", path.parent)
+    check_folder_path(path.parent, "the chat history folder")
     _check_existing(path, timeout_s)
 
 

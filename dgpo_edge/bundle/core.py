@@ -52,11 +52,11 @@ from typing import Any
 
 from .. import __version__, digests, protocol
 from ..errors import InputError
-from ..jsonio import check_replaceable, file_digest, replace_dir, write_json
+from ..jsonio import BUNDLE_FORMAT, check_replaceable, file_digest, replace_dir, write_json
 from ..protocol import ProtocolConfig
 from .integrity import check_layout
 
-FORMAT = "dgpo-edge-bundle"
+FORMAT = BUNDLE_FORMAT
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PARITY_SUFFIX = ".parity.json"

@@ -502,7 +502,7 @@ def load_manifest(index_dir: str | Path) -> dict[str, Any]:
         raise InputError(f"malformed manifest ({e})", path) from None
     if not isinstance(m, dict):
         raise InputError("malformed manifest: expected a JSON object", path)
-    if m.get("format") == "dgpo-edge-bundle":   # bundle.core.FORMAT: `--index B` for `--bundle B`
+    if m.get("format") == jsonio.BUNDLE_FORMAT:   # `--index B` for `--bundle B`
         raise InputError(f"is a bundle, not an index folder: give it as --bundle, or its index as "
                          f"{d / 'index'}", d)
     if m.get("kind") not in KINDS:

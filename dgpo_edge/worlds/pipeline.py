@@ -143,14 +143,11 @@ def check_replaceable(out: Path) -> None:
     jsonio.check_replaceable(out, is_dataset, "a world or mixture folder")
     if not is_dataset(out):
         return
-    ours = {*FILES, "manifest.json", ".DS_Store"}
+    ours = {*FILES, "manifest.json"}
     if (jsonio.our_manifest(out) or {}).get("kind") == "notes":
         ours.add("notes")   # the Markdown of `data build notes --as-folder`
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in ours)   # a hidden .git too
-    if foreign:
-        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-        raise InputError(f"holds files a world or mixture does not write ({', '.join(foreign[:3])}{more}), which "
-                         f"rebuilding would delete: move them out, or remove the folder first", out)
+    jsonio.check_holds_only(out, ours, "what a world or mixture build writes", "rebuilding would delete them: "
+                            "move them out, or remove the folder first", hidden=True)
 
 
 def atomic_dir(out: str | Path) -> contextlib.AbstractContextManager[Path]:
