@@ -19,6 +19,8 @@ _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
 _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPLIT_REGEXES = {_QWEN2_REGEX: "qwen2", _LLAMA3_REGEX: "llama-bpe"}
+# Every name detect_pre_tokenizer returns.
+KNOWN_PRE = ("qwen2", "llama-bpe", "smollm", "gpt-2")
 
 # gguf.TokenType values (kept as ints so this module does not need gguf at import).
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5

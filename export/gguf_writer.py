@@ -18,7 +18,7 @@ from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import atomic_path
 
 from .checkpoint import Checkpoint, open_checkpoint
-from .gguf_vocab import add_vocab, build_vocab
+from .gguf_vocab import KNOWN_PRE, add_vocab, build_vocab
 from .quantize import LLAMA_CPP_QUANTS, quantize_gguf
 
 # Quant types written in numpy by `gguf`; the rest come from llama.cpp (LLAMA_CPP_QUANTS).
@@ -42,14 +42,38 @@ def write_gguf(model: str | Path, out: str | Path, quant: str = "f16",
     if quant in NUMPY_QUANTS:
         with atomic_path(out) as tmp:
             _write(ckpt, tmp, quant, pre)
+            _check_pre_loads(tmp, pre)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as d:
         f16 = Path(d) / "f16.gguf"
         _write(ckpt, f16, "f16", pre)
+        _check_pre_loads(f16, pre)
         with atomic_path(out) as tmp:
             quantize_gguf(f16, tmp, quant, threads=threads)
     return out
+
+
+def _check_pre_loads(path: Path, pre: str | None) -> None:
+    """A --pre name llama.cpp does not know makes a file it refuses to load, and with --no-verify
+    nothing else would notice: load the vocabulary alone (a fraction of a second), or, without
+    llama.cpp here, take only the names this writer detects itself."""
+    if pre is None:
+        return
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        if pre not in KNOWN_PRE:
+            raise InputError(f"--pre {pre!r} cannot be checked without llama-cpp-python; without it the names "
+                             f"known here are {', '.join(KNOWN_PRE)}") from None
+        return
+    from .gguf_verify import open_llama
+
+    try:
+        open_llama(path, vocab_only=True)
+    except ValueError:
+        raise InputError(f"--pre {pre!r}: llama.cpp does not load a vocabulary of that pre-tokenizer "
+                         f"(names it knows include {', '.join(KNOWN_PRE)})") from None
 
 
 def check_replaceable_gguf(out: Path) -> None:

@@ -35,6 +35,14 @@ def _digest_cache(tmp_path_factory) -> None:
     os.environ["DGPO_EDGE_DIGEST_CACHE"] = str(tmp_path_factory.mktemp("digests") / "verified-digests.json")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_progress_lines() -> None:
+    """A CLI step's progress line off a terminal comes after 2 s, and on a loaded machine a bad input
+    found after heavy imports can take that long: the error tests read one line, so none in tests
+    (tests/test_cli_options.py turns it on to test it)."""
+    os.environ["DGPO_EDGE_PROGRESS_AFTER"] = "inf"
+
+
 @pytest.fixture(scope="session")
 def bench_script():
     """Load a script of bench/ as a module (they are scripts, not a package): bench_script("rollout")."""

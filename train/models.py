@@ -363,6 +363,8 @@ def prune_checkpoint(model_dir: str | Path, out: str | Path, keep_layers: int | 
     bad = [i for i in layers if not 0 <= i < n]
     if bad or len(set(layers)) != len(layers) or not layers:
         raise InputError(f"--layers must be distinct indices in 0..{n - 1}, got {list(layers)}")
+    if list(layers) != sorted(layers):   # a student whose layers run out of order is a typo, not a choice
+        raise InputError(f"--layers must be in increasing order (the layers keep their places), got {list(layers)}")
     check_out(out, model_dir)
     model, tokenizer = load_checkpoint(model_dir)
     prune_layers(model, layers)

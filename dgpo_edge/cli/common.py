@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
@@ -20,6 +23,30 @@ F = TypeVar("F", bound=Callable)
 # emoji=False: rich would turn ":x:" in printed passage text into an emoji ("root:x:0:0" -> "root❌0:0").
 console = Console(emoji=False)
 err_console = Console(stderr=True, emoji=False)
+
+
+@contextlib.contextmanager
+def working(message: str) -> Iterator[None]:
+    """A spinner on a terminal. Elsewhere (a log, a pipe) the message as one line once the step has
+    run for a moment (DGPO_EDGE_PROGRESS_AFTER seconds, 2 by default: checks of the input end well
+    within it, so bad input still gets its one error line alone), so that the log of a minutes-long
+    export or merge says what it is doing."""
+    if err_console.is_terminal:
+        with err_console.status(message):
+            yield
+        return
+    after = float(os.environ.get("DGPO_EDGE_PROGRESS_AFTER", "2"))
+    if not math.isfinite(after):   # "inf": never (a timer cannot wait that long)
+        yield
+        return
+    timer = threading.Timer(after, lambda: err_console.print(f"{escape(message)} ...", highlight=False,
+                                                             soft_wrap=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def fail(message: str, status: int = 2) -> NoReturn:

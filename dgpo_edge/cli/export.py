@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import console, err_console, needs_extra, require_extra, user_errors
+from .common import console, needs_extra, require_extra, user_errors, working
 from .export_bundle import bundle_command
 
 app = typer.Typer(help="Export a checkpoint to GGUF (llama.cpp) or ONNX (onnxruntime-genai), checked.",
@@ -54,14 +54,14 @@ def gguf_command(
     if verify or quant.lower() in LLAMA_CPP_QUANTS:   # before minutes of writing, not after
         require_extra("export", "llama_cpp")
     quiet_transformers()
-    with err_console.status(f"writing {out.name} ({quant})"):
+    with working(f"writing {out.name} ({quant})"):
         path = write_gguf(model, out, quant=quant, pre=pre, threads=threads)
     if not as_json:
         console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)", highlight=False)
     if not verify:
         parity_path(path).unlink(missing_ok=True)  # an old check no longer describes the file
         return
-    with err_console.status("checking parity with transformers"):
+    with working("checking parity with transformers"):
         result = verify_gguf(model, path, quant.lower(), threads=threads)
     _report(result, parity_path(path), as_json)
     _fail_if(result, strict)
@@ -85,13 +85,13 @@ def onnx_command(
     from ..train.models import quiet_transformers
 
     quiet_transformers()
-    with err_console.status(f"building {out.name} ({precision})"):
+    with working(f"building {out.name} ({precision})"):
         path = export_onnx(model, out, precision=precision, threads=threads)
     if not as_json:
         console.print(f"wrote {path}", highlight=False)
     if not verify:
         return  # the directory was replaced as a whole: no stale parity file inside
-    with err_console.status("checking parity with transformers"):
+    with working("checking parity with transformers"):
         result = verify_onnx(model, path, precision)
     _report(result, parity_path(path), as_json)
     _fail_if(result, strict)

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from .common import console, err_console, needs_extra, user_errors
+from .common import console, needs_extra, user_errors, working
 
 app = typer.Typer(help="Make compact student checkpoints: from GGUF, remapped, depth-pruned, adapters merged.",
                   no_args_is_help=True)
@@ -36,7 +36,7 @@ def from_gguf_command(
     from ..train.models import from_gguf, quiet_transformers
 
     quiet_transformers()
-    with err_console.status(f"dequantizing {file.name}"):
+    with working(f"dequantizing {file.name}"):
         path = from_gguf(file, out, as_arch=as_arch)
     console.print(f"wrote {path}", highlight=False)
 
@@ -48,13 +48,13 @@ def prune_command(
     model: Path = typer.Argument(..., help="A transformers checkpoint directory."),
     out: Path = typer.Option(..., "--out", help="Checkpoint directory to write (replaced atomically)."),
     keep_layers: Optional[int] = typer.Option(None, "--keep-layers", help="Number of decoder layers to keep, spread evenly (first and last kept)."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="Exact layers to keep, e.g. 0,4,8,29, instead of the even spread (with --keep-layers, the counts must agree)."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Exact layers to keep, in increasing order, e.g. 0,4,8,29, instead of the even spread (with --keep-layers, the counts must agree)."),
 ) -> None:
     """Depth-prune a checkpoint to a compact student."""
     from ..train.models import prune_checkpoint, quiet_transformers
 
     quiet_transformers()
-    with err_console.status(f"pruning {model}"):
+    with working(f"pruning {model}"):
         path, kept = prune_checkpoint(model, out, keep_layers=keep_layers,
                                       layers=_parse_layers(layers))
     console.print(f"wrote {path}: kept layers {','.join(map(str, kept))}", highlight=False)
@@ -73,7 +73,7 @@ def merge_command(
     from ..train.models import quiet_transformers
 
     quiet_transformers()
-    with err_console.status(f"merging {adapter} into {model}"):
+    with working(f"merging {adapter} into {model}"):
         path = merge_adapter(model, adapter, out)
     console.print(f"wrote {path}", highlight=False)
 

@@ -193,7 +193,7 @@ def open_index(index_dir: str | Path, encoder: str | Encoder | None = None, thre
     dimension match the index's (else InputError naming the folder). `kind`
     overrides the manifest's: "bm25" (any index with BM25), "dense" (its
     vectors only), "hybrid" (vectors + BM25). `nprobe` overrides the saved
-    IVF nprobe; `threads` goes to the encoder and to FAISS searches; `mmap`
+    IVF nprobe (`encoder` and `nprobe` are refused for a BM25 search, which would ignore them); `threads` goes to the encoder and to FAISS searches; `mmap`
     maps the vectors instead of reading them; `verify=True` checks every
     file's sha256 first. Sizes are always checked, and the sha256 of every
     file changed since it was last verified (`dgpo_edge.digests`), so a
@@ -215,6 +215,11 @@ def open_index(index_dir: str | Path, encoder: str | Encoder | None = None, thre
             raise InputError(f"the store holds {len(store):,} passages but the manifest says {m['count']:,}",
                              d / STORE_FILE)
         if want == "bm25":
+            unused = [name for name, v in (("--encoder", encoder), ("--nprobe", nprobe)) if v is not None]
+            if unused:   # silently searching without them would pass for a search with them
+                raise InputError(f"{' and '.join(unused)} set how an index's vectors are searched, but this "
+                                 f"search is BM25 ({'--kind bm25' if kind else 'a BM25-only index'}): leave "
+                                 f"{'them' if len(unused) > 1 else 'it'} out", d)
             return BM25Retriever(store, title_weight)
         from . import dense
 
