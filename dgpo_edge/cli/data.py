@@ -145,8 +145,9 @@ def mix(
                                                     "(nothing is rewritten); refuse one made otherwise (exit 2)."),
     quote_evidence: bool = typer.Option(False, "--quote-evidence",
                                         help="Open each oracle answer turn's think by quoting the line of the "
-                                             "evidence that holds the answer (not for comparisons): a recipe "
-                                             "for reading fields in corpora never seen in training."),
+                                             "evidence that holds the answer (not for comparisons), an experiment "
+                                             "for reading fields in corpora never seen in training: trained "
+                                             "once, it did not help a held-out world (docs/worlds.md)."),
 ) -> None:
     """Mix built worlds into one dataset folder, drawn by weight, with one world held out.
 
