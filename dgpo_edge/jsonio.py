@@ -110,7 +110,7 @@ def check_holds_only(out: Path, allowed: Iterable[str], what: str, fix: str,
                      hidden: bool = False) -> set[str]:
     """Refuse a file (`check_folder_path`), or a folder holding a visible name outside `allowed`: an
     output folder given by mistake, whose files a writer would mix with its own or replace. Returns
-    the visible names.
+    the names checked (the visible ones, or with `hidden` all).
     Hidden names are left alone (a lock, a killed write's .NAME.*.tmp, a Finder .DS_Store), unless
     `hidden`: for a folder replaced whole, where a .git would go with it.
     `first` = (NAME, WRITER): the file WRITER writes before any other, so the others (but those in

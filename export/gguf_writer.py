@@ -39,41 +39,47 @@ def write_gguf(model: str | Path, out: str | Path, quant: str = "f16",
     out = Path(out)
     check_replaceable_gguf(out)   # before minutes of writing
     ckpt = open_checkpoint(model)
+    _check_pre_loads(ckpt, pre)   # before minutes of writing
     if quant in NUMPY_QUANTS:
         with atomic_path(out) as tmp:
             _write(ckpt, tmp, quant, pre)
-            _check_pre_loads(tmp, pre)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as d:
         f16 = Path(d) / "f16.gguf"
         _write(ckpt, f16, "f16", pre)
-        _check_pre_loads(f16, pre)
         with atomic_path(out) as tmp:
             quantize_gguf(f16, tmp, quant, threads=threads)
     return out
 
 
-def _check_pre_loads(path: Path, pre: str | None) -> None:
+def _check_pre_loads(ckpt: Checkpoint, pre: str | None) -> None:
     """A --pre name llama.cpp does not know makes a file it refuses to load, and with --no-verify
-    nothing else would notice: load the vocabulary alone (a fraction of a second), or, without
-    llama.cpp here, take only the names this writer detects itself."""
+    nothing else would notice. So the GGUF's metadata alone (no tensors: seconds) is written to a
+    temp file and its vocabulary loaded in llama.cpp. Without llama.cpp here, only the names this
+    writer detects itself are taken."""
     if pre is None:
         return
     try:
-        import llama_cpp  # noqa: F401
+        import llama_cpp
     except ImportError:
         if pre not in KNOWN_PRE:
             raise InputError(f"--pre {pre!r} cannot be checked without llama-cpp-python; without it the names "
                              f"known here are {', '.join(KNOWN_PRE)}") from None
         return
-    from .gguf_verify import open_llama
+    from llama_cpp._utils import suppress_stdout_stderr
 
-    try:
-        open_llama(path, vocab_only=True)
-    except ValueError:
-        raise InputError(f"--pre {pre!r}: llama.cpp does not load a vocabulary of that pre-tokenizer "
-                         f"(names it knows include {', '.join(KNOWN_PRE)})") from None
+    with tempfile.TemporaryDirectory(prefix="dgpo-edge-pre.") as d:
+        meta = Path(d) / "vocab.gguf"
+        _write(ckpt, meta, "f16", pre, tensors=False)
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        with suppress_stdout_stderr(disable=False):   # llama.cpp logs its load, and why it failed, to fd 2
+            loaded = llama_cpp.llama_model_load_from_file(str(meta).encode(), params)
+    if not loaded:
+        raise InputError(f"llama.cpp could not load the vocabulary written with --pre {pre!r} (not a "
+                         f"pre-tokenizer name it knows? Those detected here: {', '.join(KNOWN_PRE)})")
+    llama_cpp.llama_model_free(loaded)
 
 
 def check_replaceable_gguf(out: Path) -> None:
@@ -87,7 +93,9 @@ def check_replaceable_gguf(out: Path) -> None:
                 raise InputError("exists and is not a GGUF file; refusing to replace it", out)
 
 
-def _write(ckpt: Checkpoint, path: Path, quant: str, pre: str | None) -> None:
+def _write(ckpt: Checkpoint, path: Path, quant: str, pre: str | None, tensors: bool = True) -> None:
+    """The GGUF of `ckpt` at `path`; with tensors=False its metadata alone (seconds, not minutes),
+    enough for llama.cpp to load the vocabulary."""
     import gguf
 
     arch = gguf.MODEL_ARCH.QWEN2 if ckpt.arch == "qwen2" else gguf.MODEL_ARCH.LLAMA
@@ -97,7 +105,8 @@ def _write(ckpt: Checkpoint, path: Path, quant: str, pre: str | None) -> None:
     add_vocab(writer, build_vocab(tokenizer, specials, ckpt.config, pre))
     if ckpt.chat_template:
         writer.add_chat_template(ckpt.chat_template)
-    _add_tensors(writer, ckpt, arch, quant)
+    if tensors:
+        _add_tensors(writer, ckpt, arch, quant)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

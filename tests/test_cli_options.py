@@ -14,6 +14,7 @@ import pytest
 import typer
 
 from cli_helpers import invoke
+from dgpo_edge.errors import InputError
 from dgpo_edge.cli.main import app
 
 ROOT = typer.main.get_command(app)
@@ -226,6 +227,7 @@ def test_a_long_step_gets_one_line_in_a_log_and_a_quick_one_none(monkeypatch, ca
 
     from dgpo_edge.cli import common
 
+    monkeypatch.setenv("FORCE_COLOR", "1")   # colour asked for, yet a log gets no spinner
     monkeypatch.setenv("DGPO_EDGE_PROGRESS_AFTER", "0.05")
     with common.working("writing model.gguf (q8_0)"):
         time.sleep(0.5)
@@ -234,4 +236,8 @@ def test_a_long_step_gets_one_line_in_a_log_and_a_quick_one_none(monkeypatch, ca
         pass
     time.sleep(0.3)   # a timer cancelled when its step ended does not fire afterwards
     assert capsys.readouterr().err.splitlines() == ["writing model.gguf (q8_0) ..."]
+    monkeypatch.setenv("DGPO_EDGE_PROGRESS_AFTER", "2s")
+    with pytest.raises(InputError, match="DGPO_EDGE_PROGRESS_AFTER must be seconds"):
+        with common.working("never"):
+            pass
 

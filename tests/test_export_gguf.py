@@ -324,15 +324,22 @@ def test_no_verify_drops_a_stale_parity_file(tiny_qwen, tmp_path):
 
 def test_a_pre_tokenizer_llama_cpp_does_not_know_is_refused_even_without_verify(tiny_qwen, tmp_path, monkeypatch):
     """--pre bogus --no-verify wrote a file llama.cpp then refused to load; now the vocabulary is
-    loaded before the file is put in place, and nothing is left behind."""
+    loaded (from the metadata alone) before the model is written, and nothing is left behind."""
     out = tmp_path / "m.gguf"
     for quant in ("f16", "q4_k_m"):   # written directly, and quantized by llama.cpp from an F16 file
         result = invoke("export", "gguf", tiny_qwen["tied"], "--out", out, "--quant", quant, "--pre", "bogus",
                         "--no-verify")
-        assert_one_line_error(result, "--pre 'bogus'", "llama.cpp does not load")
+        assert_one_line_error(result, "--pre 'bogus'", "could not load the vocabulary")
         assert list(tmp_path.iterdir()) == []
     result = invoke("export", "gguf", tiny_qwen["tied"], "--out", out, "--quant", "f16", "--pre", "qwen2", "--no-verify")
     assert result.exit_code == 0, result.output
+    # the check comes before the minutes of writing tensors
+    from dgpo_edge.export import gguf_writer
+
+    with monkeypatch.context() as m:
+        m.setattr(gguf_writer, "_add_tensors", lambda *a: pytest.fail("tensors written before --pre was checked"))
+        with pytest.raises(InputError, match="could not load the vocabulary"):
+            write_gguf(tiny_qwen["tied"], tmp_path / "n.gguf", quant="q8_0", pre="bogus")
     # without llama.cpp to ask, only the names this writer detects itself are taken
     import builtins
 

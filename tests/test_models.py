@@ -256,7 +256,7 @@ def test_from_gguf_refuses_someone_elses_folder_before_dequantizing(tmp_path, mo
 
 def test_model_prune_in_a_log_says_what_it_is_doing(smol_qwen_dir, tmp_path):
     """The whole command, its stderr a pipe: the line before the result."""
-    env = {**os.environ, "DGPO_EDGE_PROGRESS_AFTER": "0"}
+    env = {**os.environ, "DGPO_EDGE_PROGRESS_AFTER": "0", "FORCE_COLOR": "1"}   # colour or not, a pipe is no terminal
     done = subprocess.run([sys.executable, "-m", "dgpo_edge", "model", "prune", str(smol_qwen_dir), "--keep-layers",
                            "2", "--out", str(tmp_path / "p")], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

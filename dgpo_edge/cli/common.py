@@ -31,11 +31,15 @@ def working(message: str) -> Iterator[None]:
     run for a moment (DGPO_EDGE_PROGRESS_AFTER seconds, 2 by default: checks of the input end well
     within it, so bad input still gets its one error line alone), so that the log of a minutes-long
     export or merge says what it is doing."""
-    if err_console.is_terminal:
+    if _isatty(err_console.file):   # not rich's is_terminal, which FORCE_COLOR makes true in a log too
         with err_console.status(message):
             yield
         return
-    after = float(os.environ.get("DGPO_EDGE_PROGRESS_AFTER", "2"))
+    text = os.environ.get("DGPO_EDGE_PROGRESS_AFTER", "2")
+    try:
+        after = float(text)
+    except ValueError:
+        raise InputError(f"DGPO_EDGE_PROGRESS_AFTER must be seconds (or inf), got {text!r}") from None
     if not math.isfinite(after):   # "inf": never (a timer cannot wait that long)
         yield
         return
@@ -47,6 +51,13 @@ def working(message: str) -> Iterator[None]:
         yield
     finally:
         timer.cancel()
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):   # no such method, or a closed stream
+        return False
 
 
 def fail(message: str, status: int = 2) -> NoReturn:
