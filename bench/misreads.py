@@ -2,6 +2,12 @@
 
     python bench/misreads.py bench/results/laptop_records_dgpo_bm25.predictions.jsonl.gz \
         --data records/test.jsonl --index records-bm25
+    python bench/misreads.py out/worlds-eval/records.jsonl --method kd-24l@records-out \
+        --data out/worlds/records/test.jsonl --index records-bm25
+
+The second form reads bench/factbook_eval.py's rows (a GPU lane's evaluations, which keep each
+question's answer and searches since 2026-11-29): the test row of --method, its questions in
+--data's order.
 
 A misread (dgpo_edge.arc.outcome) is a question lost with a passage holding the answer in front of
 the student. For each one this says where the student's wrong answer stands:
@@ -56,12 +62,27 @@ def where(prediction: str, shown: list[Passage], evidence_ids: set[str]) -> str:
     return "nowhere"
 
 
+def rows_as_predictions(path: Path, method: str, questions: list[dict]) -> list[dict]:
+    """bench/factbook_eval.py's test row of `method` as one prediction per question."""
+    found = [r for _, r in read_jsonl(path) if r.get("method") == method and r.get("split") == "test"]
+    if not found:
+        fail(f"error: {path}: no test row of method {method!r}")
+    row = found[-1]
+    if "answers" not in row:
+        fail(f"error: {path}: the row of {method!r} keeps no answers (evaluated before they were kept)")
+    if row["n"] > len(questions):
+        fail(f"error: {path}: the row of {method!r} has {row['n']} questions, --data only {len(questions)}")
+    return [{"id": q["id"], "question": q["question"], "golden_answers": q["golden_answers"], "prediction": a,
+             "search_queries": s, "outcome": o}
+            for q, a, s, o in zip(questions, row["answers"], row["search_queries"], row["outcomes"])]
+
+
 def misreads(rows: list[dict], questions: dict[str, dict], retriever, k: int, examples: int = 3) -> dict:
     counts: dict[str, Counter] = defaultdict(Counter)
     shown_examples: dict[str, list] = defaultdict(list)
     unmatched = 0
     for r in rows:
-        if outcome(r) != "misread":
+        if r.get("outcome", "") != "misread" and ("outcome" in r or outcome(r) != "misread"):
             continue
         q = questions.get(r["id"])
         if q is None:
@@ -93,20 +114,25 @@ def main() -> None:
     p.add_argument("--data", required=True, type=Path, help="the questions (with type and evidence ids)")
     p.add_argument("--index", required=True, type=Path, help="the index the predictions searched")
     p.add_argument("--top-k", type=int, default=3, help="passages a search returned (3)")
+    p.add_argument("--method", help="the files are bench/factbook_eval.py rows: the test row of this method")
     args = p.parse_args()
     from dgpo_edge.retrieval.retrievers import open_index
 
     try:
-        questions = {q["id"]: q for _, q in read_jsonl(args.data)}
+        ordered = [q for _, q in read_jsonl(args.data)]
         retriever = open_index(args.index)
     except InputError as e:
         fail(f"error: {e}")
+    questions = {q["id"]: q for q in ordered}
     with retriever:
         for path in args.predictions:
             if not path.is_file():
                 fail(f"error: no such predictions file: {path}")
-            print(json.dumps({"file": str(path), **misreads(read_predictions(path), questions, retriever,
-                                                             args.top_k)}))
+            try:
+                rows = rows_as_predictions(path, args.method, ordered) if args.method else read_predictions(path)
+            except InputError as e:
+                fail(f"error: {e}")
+            print(json.dumps({"file": str(path), **misreads(rows, questions, retriever, args.top_k)}))
 
 
 if __name__ == "__main__":

@@ -61,3 +61,30 @@ def test_a_missing_index_is_one_error_line(tmp_path):
                         str(tmp_path / "test.jsonl"), "--index", str(tmp_path / "nope")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "nope" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_gpu_lanes_rows_are_read_by_method(tmp_path):
+    """bench/factbook_eval.py rows keep each question's answer, searches and outcome in file order."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "contents": c}) + "\n" for i, c in RECORDS))
+    assert invoke("index", "build", corpus, "--kind", "bm25", "--out", tmp_path / "index").exit_code == 0
+    questions = [{"id": "q1", "question": "master of Tanzen Joinery", "golden_answers": ["Piet Veny"], "type": "fact",
+                  "evidence": ["0"]},
+                 {"id": "q2", "question": "master of Osthal Forge", "golden_answers": ["Hector Nysolhal"], "type": "fact",
+                  "evidence": ["2"]}]
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
+    row = {"method": "kd@records-out", "split": "test", "n": 2, "scores": [0, 1], "outcomes": ["misread", "right"],
+           "answers": ["workshop", "Hector Nysolhal"], "search_queries": [["Tanzen Joinery"], ["Osthal Forge"]]}
+    rows = tmp_path / "records.jsonl"
+    rows.write_text(json.dumps({**row, "method": "teacher@records-out"}) + "\n" + json.dumps(row) + "\n")
+    script = [sys.executable, str(ROOT / "bench" / "misreads.py"), str(rows), "--data", str(tmp_path / "test.jsonl"),
+              "--index", str(tmp_path / "index"), "--method"]
+    r = subprocess.run([*script, "kd@records-out"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["where"]["fact"] == {"name_or_kind": 1, "another_field": 0, "other_passage": 0,
+                                                     "nowhere": 0}
+    r = subprocess.run([*script, "dgpo@records-out"], capture_output=True, text=True)
+    assert r.returncode == 2 and "no test row of method 'dgpo@records-out'" in r.stderr
+    rows.write_text(json.dumps({k: v for k, v in row.items() if k != "answers"}) + "\n")
+    r = subprocess.run([*script, "kd@records-out"], capture_output=True, text=True)
+    assert r.returncode == 2 and "keeps no answers" in r.stderr

@@ -580,6 +580,12 @@ def test_the_report_split_is_recorded_at_every_evaluation_and_never_chosen_by(to
         assert r["em"] == sum(r["scores"]) / 4 and set(r["em_by_type"]) == {"?"} and "hit_ratio" in r
         # each question right or lost somewhere, in file order and counted by type
         assert len(r["outcomes"]) == 4 and r["outcomes"].count("right") == sum(r["scores"])
+        # and what each was answered and searched: nothing where it gave no answer or did not search
+        assert len(r["answers"]) == len(r["search_queries"]) == 4
+        for o, answer, queries in zip(r["outcomes"], r["answers"], r["search_queries"]):
+            assert answer == "" if o == "no_answer" else isinstance(answer, str)
+            assert queries == [] if o == "no_search" else all(isinstance(q, str) for q in queries)
+            assert queries or o not in ("not_found", "misread")
         assert sum(r["outcomes_by_type"]["?"].values()) == 4
     from dgpo_edge.train.models import load_lm
     actor, _ = load_lm(str(out / "checkpoints" / "last"))

@@ -107,8 +107,9 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
     """Greedy EM of QA examples in detail: EM and F1, EM per question type and hop count (the
     examples' `type` and `hops` fields), ARC (hit ratio, search steps, invalid actions), the
     model's parameter count (as shipped: see `_params`) and weight dtype, how many questions of
-    each type were right or lost where (`dgpo_edge.arc.outcome`), and the per-question EM and
-    outcome in file order, so two evaluations can be compared question by question."""
+    each type were right or lost where (`dgpo_edge.arc.outcome`), and the per-question EM, outcome,
+    answer and search queries in file order, so two evaluations can be compared question by question
+    and a miss looked into."""
     from dgpo_edge.arc import episode_arc, outcome, outcome_counts, summarize_arc
     from dgpo_edge.metrics import f1_score
 
@@ -137,6 +138,9 @@ def evaluate_split(model: Any, tokenizer: Any, examples: Sequence[Any], retrieve
         "outcomes_by_type": outcome_counts(facts, "type"),
         "seconds": round(time.perf_counter() - t0, 1), "scores": [int(s) for s in scores],
         "outcomes": [outcome(f) for f in facts],
+        # what each question was answered and searched, so a miss can be looked into (bench/misreads.py)
+        "answers": [r.answer or "" for r in rollouts],
+        "search_queries": [[s.query for s in r.transcript.searches()] for r in rollouts],
     }
 
 
