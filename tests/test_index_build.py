@@ -500,7 +500,7 @@ def test_changed_corpus_or_encoder_invalidates_work(corpus, passages, minilm, tm
     assert counting.calls == N_CHUNKS and counting.texts == N
     assert ("store", 0) in stages
     changed = next(p for p in iter_corpus(src) if p not in passages)
-    with open_index(out, encoder=minilm, kind="bm25") as r:
+    with open_index(out, kind="bm25") as r:
         assert r.store.get_by_id(changed.id) == changed
 
 
