@@ -27,6 +27,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     and removed when it raises.
     """
     path = Path(path)
+    if not path.exists():   # a file above it (`--out notes.txt/m.gguf`): no file can be made there
+        check_folder_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -90,6 +92,7 @@ def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str 
     mistake (a home folder, a notes folder) must never be replaced, with everything in it."""
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
+    check_folder_path(out)   # a file above it (`--out notes.txt/run`): no folder can be made there
     if out.is_dir() and any(out.iterdir()) and not mine(out):
         raise InputError(f"exists and is not {what}; refusing to replace it", out)
 

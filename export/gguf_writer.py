@@ -15,7 +15,7 @@ from typing import Any
 
 from dgpo_edge.bundle.student import rope_permute
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import atomic_path
+from dgpo_edge.jsonio import atomic_path, check_folder_path
 
 from .checkpoint import Checkpoint, open_checkpoint
 from .gguf_vocab import KNOWN_PRE, add_vocab, build_vocab
@@ -87,6 +87,8 @@ def check_replaceable_gguf(out: Path) -> None:
     notes given by mistake), is refused rather than replaced."""
     if out.is_dir():
         raise InputError("is a folder; --out names the .gguf file to write", out)
+    if not out.exists():
+        check_folder_path(out)   # a file above it, where no folder can be made
     if out.exists():
         with open(out, "rb") as f:
             if f.read(4) != b"GGUF":

@@ -354,3 +354,19 @@ def test_a_pre_tokenizer_llama_cpp_does_not_know_is_refused_even_without_verify(
     with pytest.raises(InputError, match="cannot be checked without llama-cpp-python"):
         write_gguf(tiny_qwen["tied"], tmp_path / "n.gguf", quant="f16", pre="deepseek-llm")
     assert write_gguf(tiny_qwen["tied"], tmp_path / "n.gguf", quant="f16", pre="qwen2").is_file()
+
+
+@pytest.mark.parametrize("command", [
+    ["export", "gguf", "MODEL", "--out", "afile.txt/m.gguf", "--quant", "f16", "--no-verify"],
+    ["model", "prune", "MODEL", "--keep-layers", "1", "--out", "afile.txt/sub"],
+    ["data", "build", "notes", "--size", "8", "--samples", "0", "--out", "afile.txt/sub"],
+    ["data", "mix", "--world", "notes=1", "--worlds-dir", "afile.txt", "--out", "mix"],
+])
+def test_an_out_under_a_file_is_one_error_line_before_any_work(tiny_qwen, tmp_path, monkeypatch, command):
+    """`--out notes.txt/run` (a file where a folder must be made) ended in a FileExistsError traceback,
+    after the work (a model loaded and pruned, tensors written); now one line names the file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile.txt").write_text("mine\n")
+    result = invoke(*[str(tiny_qwen["tied"]) if a == "MODEL" else a for a in command])
+    assert_one_line_error(result, "afile.txt: is not a folder, so the output path", "cannot be made in it")
+    assert (tmp_path / "afile.txt").read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["afile.txt"]

@@ -273,6 +273,13 @@ def test_keep_keeps_the_same_mixture_and_refuses_another(mix: Path, worlds: Path
     result = invoke(*_mix_args(worlds, tmp_path / "new", "--keep"))          # nothing there yet: mixed
     assert result.exit_code == 0 and (tmp_path / "new" / "manifest.json").read_bytes() == (mix / "manifest.json").read_bytes()
     assert_one_line_error(invoke(*_mix_args(worlds, copy, "--keep", "--train-size", 0)), "--train-size must be at least 1")
+    # weights are relative: all of them doubled draw the same questions, so that mixture is kept
+    doubled = [f"{a.split('=')[0]}={float(a.split('=')[1]) * 2}" if str(a).count("=") == 1 else a
+               for a in _mix_args(worlds, copy, "--keep")]
+    result = invoke(*doubled)
+    assert result.exit_code == 0 and "kept" in result.flat, result.output
+    # a world folder given as --out is no mixture to keep, and the error says what it holds
+    assert_one_line_error(invoke(*_mix_args(worlds, worlds / "cities", "--keep")), "holds cities, not a mixture")
 
 
 def test_keep_checks_sizes_files_and_worlds(worlds: Path, tmp_path: Path):
@@ -474,3 +481,29 @@ def test_a_quoting_mixture_quotes_evidence_and_is_kept_only_as_such(mix: Path, w
                                {r["id"] for r in _jsonl(out / "oracle.jsonl")})
     assert_one_line_error(invoke(*_mix_args(worlds, out, "--keep")), "quote_evidence True (asked: False)")
     assert invoke(*_mix_args(worlds, out, "--keep", "--quote-evidence")).exit_code == 0
+
+
+def test_a_folder_holding_another_world_is_not_mixed_in_under_this_name(worlds: Path, tmp_path: Path):
+    """A notes world in WORLDS_DIR/records was mixed in as records: the held-out world's questions
+    trained the student under another name. A world's manifest now has to be the world, and the
+    seed, its folder is named after."""
+    import shutil
+
+    local = tmp_path / "w"
+    shutil.copytree(worlds, local)
+    shutil.copytree(local / "notes", local / "records")             # notes where records should be
+    shutil.copytree(local / "notes", local / "notes@3")             # seed 0 where seed 3 should be
+    for world, needle in (("records", "holds notes (seed 0), not the records world:"),
+                          ("notes@3", "holds notes (seed 0), not the notes world with seed 3")):
+        result = invoke("data", "mix", "--worlds-dir", local, "--out", tmp_path / "m", "--world", "elements=1",
+                        "--world", f"{world}=1")
+        assert_one_line_error(result, str(local / world), needle)
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_size_the_worlds_cannot_fill_is_refused(worlds: Path, tmp_path: Path):
+    result = invoke(*_mix_args(worlds, tmp_path / "m", "--train-size", 100_000))
+    assert_one_line_error(result, "--train-size 100000: at these weights the worlds give at most", "train questions")
+    result = invoke(*_mix_args(worlds, tmp_path / "m", "--eval-size", 50_000))
+    assert_one_line_error(result, "--eval-size 50000", "dev questions")
+    assert not (tmp_path / "m").exists()

@@ -109,6 +109,14 @@ def ensure_world(name: str, folder: Path, seed: int, say: Callable[[str], None])
         say(f"building world {name} into {folder}")
         registry.build(world, folder, seed=seed, say=say)
     manifest = _read_json(manifest_path)
+    kind, its_seed = manifest.get("kind"), manifest.get("seed")
+    # mixed in under this name, another world's questions (the held-out one's, say) would train the
+    # student; a NAME@SEED folder must hold that seed (a plain NAME is that world as built there: the
+    # mixture's --seed draws the questions)
+    if kind != registry.get(world).manifest_kind or (own_seed is not None and its_seed != own_seed):
+        want = f"the {world} world" + (f" with seed {own_seed}" if own_seed is not None else "")
+        raise InputError(f"holds {kind or 'something else'} (seed {its_seed}), not {want}: give each world its "
+                         f"own folder, WORLDS_DIR/NAME or WORLDS_DIR/NAME@SEED", folder)
     if (path := _changed_file(folder, manifest)) is not None:
         raise InputError(f"does not match {manifest_path} (rebuild the world with "
                          f"`dgpo-edge data build {world} --seed {seed} --out {folder}`)", path)
@@ -160,6 +168,18 @@ def allocate(share: dict[str, float], available: dict[str, int], size: int | Non
         if counts[n] < available[n]:
             counts[n] += 1
     return counts
+
+
+def check_split_size(split: str, asked: int | None, made: int) -> None:
+    """A size the worlds cannot fill is refused, not cut without a word (the manifest records the size
+    asked), and so is a split left empty (every question dropped as another world's, say)."""
+    option = "--train-size" if split == "train" else "--eval-size"
+    if made == 0:
+        raise InputError(f"the mixture would have no {split} questions at these weights (are the worlds the ones "
+                         f"named, and not copies of each other?)")
+    if asked is not None and made < asked:
+        raise InputError(f"{option} {asked}: at these weights the worlds give at most {made:,} {split} questions "
+                         f"without repeating one; leave {option} out for the most")
 
 
 def distinct_pools(worlds: list[WorldData], dropped: Counter[str]) -> dict[str, dict[str, list[dict]]]:
@@ -288,8 +308,14 @@ def check_same_mixture(out: str | Path, weights: dict[str, float], worlds_dir: s
     out, worlds_dir = Path(out), Path(worlds_dir)
     path = out / "manifest.json"
     manifest = _read_json(path)
-    asked = {"weights": weights, "held_out": held_out, "seed": seed, "train_size": train_size, "eval_size": eval_size}
+    if manifest.get("kind") != "mixture":
+        raise InputError(f"holds {manifest.get('kind') or 'something'}, not a mixture: mix into another --out", out)
+    asked = {"held_out": held_out, "seed": seed, "train_size": train_size, "eval_size": eval_size}
     differ = [f"{k} {manifest.get(k)!r} (asked: {v!r})" for k, v in asked.items() if manifest.get(k) != v]
+    made = manifest.get("weights")
+    # weights are relative: 0.5/1 and 1/2 draw the same questions (the shares are equal to the last bit)
+    if not isinstance(made, dict) or set(made) != set(weights) or shares(made) != shares(weights):
+        differ.insert(0, f"weights {made!r} (asked: {weights!r})")
     if manifest.get("quote_evidence", False) != quote:   # the key is written only when on
         differ.append(f"quote_evidence {manifest.get('quote_evidence', False)!r} (asked: {quote!r})")
     if differ:
@@ -356,6 +382,7 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
     for split in SPLITS:
         size = train_size if split == "train" else eval_size
         counts = allocate(share, {n: len(pools[split][n]) for n in names}, size)
+        check_split_size(split, size, sum(counts.values()))
         rows[split] = [mixed_row(n, r) for n, r in draw(pools[split], counts, seed, split)]
 
     corpus = [{**p, "id": f"{w.name}:{p['id']}"} for w in worlds for p in w.corpus]

