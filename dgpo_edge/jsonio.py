@@ -60,6 +60,13 @@ def replace_dir(src: str | Path, dst: str | Path) -> None:
     under `.{name}.old`, which a caller can restore).
     """
     src, dst = Path(src), Path(dst)
+    if dst.is_dir() and not any(dst.iterdir()):
+        # an empty folder (`--out .` in a new folder) is filled, not replaced: a shell inside it would
+        # be left in a deleted folder. The manifest goes in last, so a folder with one is whole.
+        for child in sorted(src.iterdir(), key=lambda p: p.name == "manifest.json"):
+            os.replace(child, dst / child.name)
+        os.rmdir(src)
+        return
     old = dst.with_name(f".{dst.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if dst.exists():
@@ -95,6 +102,9 @@ def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str 
     check_folder_path(out)   # a file above it (`--out notes.txt/run`): no folder can be made there
     if out.is_dir() and any(out.iterdir()) and not mine(out):
         raise InputError(f"exists and is not {what}; refusing to replace it", out)
+    if out.is_dir() and any(out.iterdir()) and Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise InputError("is the folder this command runs in, and it is replaced whole, which would leave "
+                         "the shell in a deleted folder: run the command from another folder", out)
 
 
 def check_folder_path(out: Path, name: str = "the output path") -> None:

@@ -46,7 +46,9 @@ def export_onnx(model: str | Path, out: str | Path, precision: str = "int4",
     except ImportError as e:
         raise InputError(f"{e.name} is not installed (pip install 'dgpo-edge[export]')") from None
     out = Path(out).absolute()   # `--out .` has no name to put the temp folder beside
-    check_out(out, ckpt.path)    # nor the checkpoint itself: its weights would go with the old folder
+    # nor the checkpoint itself (its weights would go with the old folder), nor any folder but an
+    # earlier ONNX export: a transformers checkpoint given by mistake would be replaced whole
+    check_out(out, ckpt.path, mine=is_onnx_export, what="an ONNX export (genai_config.json and model.onnx)")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as work:
         build = Path(work) / "model"
@@ -61,6 +63,10 @@ def export_onnx(model: str | Path, out: str | Path, precision: str = "int4",
             raise InputError(f"onnxruntime-genai's builder failed: {tail[0]}", ckpt.path)
         _replace_dir(build, out)
     return out
+
+
+def is_onnx_export(folder: Path) -> bool:
+    return (folder / "genai_config.json").is_file() and next(folder.glob("*.onnx"), None) is not None
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

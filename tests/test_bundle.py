@@ -101,14 +101,20 @@ def test_a_partial_folder_the_tool_did_not_make_is_refused(tmp_path: Path, hf_mo
     verify(b.path)
 
 
-def test_a_refused_build_leaves_no_partial_folder(tmp_path: Path, hf_model: Path, index_dir: Path):
-    """Bad input found while B.partial was filled (no --encoder for an e5 index, a notes folder as
-    --encoder, a missing model, a GGUF llama.cpp cannot read) left B.partial behind, with a copy
-    of the model in it; a notes folder given as --encoder was even bundled as the query encoder."""
+def _e5_index(index_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the index whose manifest says it was built with e5 (so --encoder is needed)."""
     e5 = shutil.copytree(index_dir, tmp_path / "e5-index")
     m = json.loads((e5 / "manifest.json").read_text())
     m["encoder"]["name"] = "e5-base-v2"
     (e5 / "manifest.json").write_text(json.dumps(m))
+    return e5
+
+
+def test_a_refused_build_leaves_no_partial_folder(tmp_path: Path, hf_model: Path, index_dir: Path):
+    """Bad input found while B.partial was filled (no --encoder for an e5 index, a notes folder as
+    --encoder, a missing model, a GGUF llama.cpp cannot read) left B.partial behind, with a copy
+    of the model in it; a notes folder given as --encoder was even bundled as the query encoder."""
+    e5 = _e5_index(index_dir, tmp_path)
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "a.md").write_text("mine\n")
@@ -393,3 +399,33 @@ def test_a_bundle_given_as_an_index_is_named_as_a_bundle(tmp_path: Path, hf_mode
     for args in (["index", "info", b], ["index", "search", b, "Kenya"], ["ask", "capital of Kenya?", "--index", b]):
         assert_one_line_error(invoke(*args), f"{b}: is a bundle, not an index folder", "--bundle",
                               str(b / "index"))
+
+
+def test_an_encoder_that_cannot_embed_the_index_queries_is_refused(tmp_path: Path, hf_model: Path, index_dir: Path):
+    """A language model given as --encoder was bundled as the query encoder: `bundle verify` passed
+    and the first question failed. An encoder of another width, and any --encoder for a BM25 index
+    (copied in and never used), are refused too; nothing is left behind."""
+    e5 = _e5_index(index_dir, tmp_path)
+    narrow = tmp_path / "narrow"
+    narrow.mkdir()
+    (narrow / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "hidden_size": 64}))
+    bm25 = tmp_path / "bm25"
+    assert invoke("index", "build", index_dir.parent / "corpus.jsonl", "--kind", "bm25", "--out", bm25).exit_code == 0
+    out = tmp_path / "B"
+    for index, encoder, needle in ((e5, hf_model, "is a language model (Qwen2ForCausalLM)"),
+                                   (e5, narrow, "embeds in 64 dimensions, but the index's vectors have 384"),
+                                   (bm25, narrow, "this index is BM25")):
+        assert_one_line_error(invoke("export", "bundle", "--model", hf_model, "--index", index, "--encoder", encoder,
+                                     "--out", out), needle)
+        assert not out.exists() and not (tmp_path / "B.partial").exists()
+
+
+def test_token_limits_that_leave_no_room_are_refused(tmp_path: Path, hf_model: Path, index_dir: Path):
+    """--max-turn-tokens 5000 with --max-total-tokens 100 made a bundle whose every answer ran out of
+    tokens before the first turn ended."""
+    out = tmp_path / "B"
+    for args, needle in ((["--max-turn-tokens", 5000, "--max-total-tokens", 100], "--max-turn-tokens 5000 must be below"),
+                         (["--max-obs-tokens", 4096], "--max-obs-tokens 4096 must be below --max-total-tokens 4096")):
+        assert_one_line_error(invoke("export", "bundle", "--model", hf_model, "--index", index_dir, "--out", out, *args),
+                              needle)
+        assert not out.exists()

@@ -126,3 +126,36 @@ def test_out_that_is_the_checkpoint_itself_is_refused(tiny_qwen, tmp_path):
         assert_one_line_error(invoke("export", "onnx", ckpt, "--out", out, "--precision", "fp32",
                                      "--no-verify"), "is also this command's input")
     assert sorted(p.name for p in ckpt.iterdir()) == before
+
+
+def test_out_replaces_only_an_earlier_onnx_export(tiny_qwen, tmp_path):
+    """Another transformers checkpoint given as --out was replaced whole by the export (its
+    config.json and weights made it look like "a model folder"); only an ONNX export is replaced."""
+    import shutil
+
+    other = shutil.copytree(tiny_qwen, tmp_path / "other-checkpoint")
+    before = sorted(p.name for p in other.iterdir())
+    assert_one_line_error(invoke("export", "onnx", tiny_qwen, "--out", other, "--precision", "fp32", "--no-verify"),
+                          str(other), "is not an ONNX export")
+    assert sorted(p.name for p in other.iterdir()) == before
+    out = tmp_path / "onnx"
+    for _ in range(2):   # the second replaces the first
+        result = invoke("export", "onnx", tiny_qwen, "--out", out, "--precision", "fp32", "--no-verify")
+        assert result.exit_code == 0, result.output
+    assert (out / "genai_config.json").is_file()
+
+
+def test_out_dot_fills_the_empty_folder_it_runs_in(tiny_qwen, tmp_path, monkeypatch):
+    """`--out .` in a new, empty folder: the export fills that folder instead of renaming a new one
+    over it (a shell in it was left in a deleted folder), and replacing the folder the command runs
+    in is refused."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    inode = here.stat().st_ino
+    result = invoke("export", "onnx", tiny_qwen, "--out", ".", "--precision", "fp32", "--no-verify")
+    assert result.exit_code == 0, result.output
+    assert (Path.cwd() / "genai_config.json").is_file() and here.stat().st_ino == inode   # the same folder
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert_one_line_error(invoke("export", "onnx", tiny_qwen, "--out", ".", "--precision", "fp32", "--no-verify"),
+                          "is the folder this command runs in")

@@ -288,7 +288,7 @@ def test_the_serve_command_prints_its_url_serves_and_stops_on_ctrl_c(index):
     proc = subprocess.Popen([sys.executable, "-m", "dgpo_edge", "serve", "--model", str(smollm2_gguf()),
                              "--index", str(index), "--port", "0", "--threads", "1", "--model-name", "notes"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "COLUMNS": "300"})
+                            env={**__import__("os").environ, "COLUMNS": "40"})   # narrow: the line is still one
     try:
         line = proc.stdout.readline()
         assert "serving" in line and "(1 engine(s), queue 8)" in line, line + proc.stderr.read()
@@ -355,7 +355,8 @@ def test_without_the_serve_extra_it_says_what_to_install(index, monkeypatch):
 
 
 @pytest.mark.parametrize("args, needle", [(["-k", "0"], "--top-k must be in 1..20, got 0"),
-                                          (["--max-searches", "-1"], "--max-searches must be in 0..16, got -1")])
+                                          (["--max-searches", "-1"], "--max-searches must be in 0..16, got -1"),
+                                          (["--timeout", "nan"], "--timeout must be a number of seconds > 0, got nan")])
 def test_bad_search_options_are_named_as_typed(index, args, needle):
     # one line with the option's own name, before anything loads (it said "top_k", the config's name)
     from cli_helpers import assert_one_line_error, invoke

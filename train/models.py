@@ -29,7 +29,7 @@ import importlib.util
 import json
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -269,9 +269,11 @@ def check_replaceable(out: Path) -> None:
     jsonio_check_replaceable(out, _is_model, "a model directory")
 
 
-def check_out(out: str | Path, *sources: str | Path) -> None:
-    """Before the work: --out must be replaceable (check_replaceable) and not one of the command's
-    own inputs, which the finished checkpoint would replace (`model prune m --out m`)."""
+def check_out(out: str | Path, *sources: str | Path, mine: Callable[[Path], bool] | None = None,
+              what: str = "a model directory") -> None:
+    """Before the work: --out must be replaceable (check_replaceable; `mine` and `what` for another
+    kind of output folder) and not one of the command's own inputs, which the finished checkpoint
+    would replace (`model prune m --out m`)."""
     out = Path(out)
     for source in sources:
         # samefile also catches a case-insensitive file system's other spelling (m and M on macOS)
@@ -279,7 +281,7 @@ def check_out(out: str | Path, *sources: str | Path) -> None:
         if same or out.resolve() == Path(source).resolve():
             raise InputError("is also this command's input, which the result would replace; give --out "
                              "another folder", out)
-    check_replaceable(out)
+    jsonio_check_replaceable(out, mine or _is_model, what)
 
 
 @contextlib.contextmanager

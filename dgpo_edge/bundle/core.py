@@ -387,6 +387,9 @@ def encoder_source(spec: dict[str, Any] | None, encoder: str | Path | None) -> P
     a transformers model folder (the bundle's loader would refuse it)."""
     from ..retrieval.encoders import MINILM_NAME
 
+    if not spec and encoder is not None:   # copied in, it would be checked by nothing and used by nothing
+        raise InputError("--encoder embeds the queries of a dense index, and this index is BM25 (no vectors): "
+                         "leave it out")
     if not spec or (encoder is None and spec.get("name") == MINILM_NAME):
         return None
     if encoder is None:
@@ -397,6 +400,17 @@ def encoder_source(spec: dict[str, Any] | None, encoder: str | Path | None) -> P
         raise InputError("the query encoder must be a model folder", src)
     if not (src / "config.json").is_file():
         raise InputError("the query encoder must be a transformers model folder (no config.json)", src)
+    try:
+        config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"malformed config.json ({e})", src) from None
+    # the bundle would pass `bundle verify` and fail at the first question: refuse it now
+    if any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or []):
+        raise InputError(f"is a language model ({', '.join(config['architectures'])}), not the sentence encoder "
+                         f"the index was built with ({spec.get('name')!r})", src)
+    if spec.get("dim") is not None and config.get("hidden_size") not in (None, spec["dim"]):
+        raise InputError(f"embeds in {config['hidden_size']} dimensions, but the index's vectors have "
+                         f"{spec['dim']} (built with {spec.get('name')!r})", src)
     return src
 
 

@@ -9,6 +9,8 @@ input or an engine/retrieval error.
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import json
 from pathlib import Path
@@ -61,8 +63,8 @@ def ask(
 
     if not question.strip():
         raise InputError("the question is empty")
-    if timeout is not None and timeout <= 0:
-        raise InputError(f"--timeout must be > 0, got {timeout}")
+    if timeout is not None and not 0 < timeout < math.inf:   # nan passes `<= 0` and never times out
+        raise InputError(f"--timeout must be a number of seconds > 0, got {timeout}")
     if temperature < 0:
         raise InputError(f"--temperature must be >= 0, got {temperature}")
     if seed is not None and seed < 0:   # before the model loads, not as the run's engine error

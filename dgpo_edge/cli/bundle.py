@@ -45,7 +45,7 @@ def _not_built(d: Path, as_json: bool) -> None:
         typer.echo(json.dumps({"path": str(d), "built": False}, indent=2))
         return
     console.print(f"default bundle: {escape(str(d))} [yellow](not built yet)[/]", highlight=False)
-    console.print("It is built on first use of `dgpo-edge ask`, `eval` or `chat`, from installed "
+    console.print("It is built on first use of `dgpo-edge ask`, `eval`, `chat` or `serve`, from installed "
                   "packages only.", highlight=False)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Optional
 
@@ -41,8 +43,8 @@ def serve(
     from ..bundle import load_pool
     from ..retrieval.http_checks import is_loopback
 
-    if timeout <= 0:
-        raise InputError(f"--timeout must be > 0, got {timeout}")
+    if not 0 < timeout < math.inf:   # nan passes `<= 0` and never times out
+        raise InputError(f"--timeout must be a number of seconds > 0, got {timeout}")
     max_searches = max_searches_of(max_searches, old_max_turns)
     check_search_options(top_k, max_searches)
     try:
@@ -60,7 +62,8 @@ def serve(
             app = make_app(pool, model_name, ServeLimits(timeout=timeout), local_only=local)
             url = f"http://{host}:{sock.getsockname()[1]}/v1"
             console.print(f"serving {escape(pool.info['model'])} + {escape(str(pool.info['index']))} on {url} "
-                          f"({engines} engine(s), queue {queue}); Ctrl-C stops", highlight=False)
+                          f"({engines} engine(s), queue {queue}); Ctrl-C stops", highlight=False,
+                          soft_wrap=True)   # one line: a script reads the URL from it
             if not local:
                 err_console.print(f"[bold yellow]warning:[/] bound to {escape(host)}: anyone who can reach "
                                   "this machine can query the index", highlight=False)
