@@ -144,10 +144,14 @@ def _add_hparams(writer: Any, ckpt: Checkpoint, quant: str) -> None:
     import gguf
 
     c = ckpt.config
-    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise InputError(f"rope scaling {rope.get('rope_type') or rope.get('type')!r} is not "
-                         "supported by this writer", ckpt.path / "config.json")
+    # either place may hold it (transformers 5's rope_parameters, the older rope_scaling), and a config
+    # can carry both: a scaling in one that the other's "default" hid would be applied by transformers
+    # and not by llama.cpp, a silent difference in every long prompt
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = c.get(key) or {}
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        if kind != "default":
+            raise InputError(f"rope scaling {kind!r} ({key}) is not supported by this writer", ckpt.path / "config.json")
     writer.add_name(ckpt.name)
     writer.add_context_length(int(c.get("max_position_embeddings", 4096)))
     writer.add_embedding_length(int(c["hidden_size"]))

@@ -370,3 +370,20 @@ def test_an_out_under_a_file_is_one_error_line_before_any_work(tiny_qwen, tmp_pa
     result = invoke(*[str(tiny_qwen["tied"]) if a == "MODEL" else a for a in command])
     assert_one_line_error(result, "afile.txt: is not a folder, so the output path", "cannot be made in it")
     assert (tmp_path / "afile.txt").read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["afile.txt"]
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "rope_scaling": {"type": "linear", "factor": 2.0}},
+])
+def test_rope_scaling_is_refused_wherever_the_config_keeps_it(tiny_qwen, tmp_path, rope):
+    """A default rope_parameters beside a linear rope_scaling got past the check: transformers scales,
+    the GGUF would not."""
+    import shutil
+
+    ckpt = shutil.copytree(tiny_qwen["tied"], tmp_path / "m")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, **rope}))
+    result = invoke("export", "gguf", ckpt, "--out", tmp_path / "m.gguf", "--quant", "f16", "--no-verify")
+    assert_one_line_error(result, "rope scaling 'linear' (rope_scaling) is not supported")
+    assert not (tmp_path / "m.gguf").exists()

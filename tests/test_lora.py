@@ -214,6 +214,10 @@ def test_model_merge_refuses_an_adapter_of_another_depth(toy, tmp_path):
     result = invoke("model", "merge", one_layer, "--adapter", adapter, "--out", one_layer)
     assert_one_line_error(result, "is also this command's input")
     assert sorted((p.name, p.stat().st_size) for p in one_layer.iterdir()) == before
+    # an adapter path that is not there, or is the adapter's config file, is named for what it is
+    for wrong, needle in ((tmp_path / "nope", "no such adapter folder"), (adapter / "adapter_config.json", "is a file")):
+        result = invoke("model", "merge", one_layer, "--adapter", wrong, "--out", tmp_path / "merged")
+        assert_one_line_error(result, str(wrong), needle)
 
 
 def test_sft_continues_a_saved_adapter(toy, tmp_path):

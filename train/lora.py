@@ -159,6 +159,11 @@ def save_adapter(model: Any, folder: Path) -> None:
 def adapter_config(folder: str | Path) -> dict:
     """The saved adapter's adapter_config.json (peft's keys); a missing or unreadable one is an input error."""
     path = Path(folder) / "adapter_config.json"
+    if not Path(folder).exists():
+        raise InputError("no such adapter folder", folder)
+    if Path(folder).is_file():   # its adapter_config.json, say: the folder holding it is the adapter
+        raise InputError("is a file; --adapter (lora.init_from) names the adapter's folder, the one that holds "
+                         "adapter_config.json", folder)
     if not path.is_file():
         raise InputError("not a LoRA adapter folder (no adapter_config.json)", folder)
     try:
