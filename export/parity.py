@@ -124,8 +124,10 @@ def compare_logits(ref_logits: Any, run_logits: Any) -> dict[str, Any]:
     diff = float(np.abs(ref - run).max())
     scale = float(ref.std()) or 1.0
     agree = float((ref.argmax(-1) == run.argmax(-1)).mean())
-    return {"max_abs_logit_diff": round(diff, 6), "logit_std": round(scale, 6),
-            "rel_logit_diff": round(diff / scale, 6), "top1_agreement": round(agree, 6),
+    # six significant digits, not decimals: an F16 export's max |diff| of 4e-7 rounded to 0 beside
+    # its nonzero ratio to the std
+    return {"max_abs_logit_diff": float(f"{diff:.6g}"), "logit_std": float(f"{scale:.6g}"),
+            "rel_logit_diff": float(f"{diff / scale:.6g}"), "top1_agreement": round(agree, 6),
             "n_tokens": int(ref.shape[0])}
 
 
@@ -167,9 +169,11 @@ def parity_path(export_path: str | Path) -> Path:
 
 def format_parity(result: dict[str, Any]) -> str:
     """One human line per fact, for the CLI."""
-    lines = [f"tokenizer: {'identical' if result['tokenizer_match'] else 'DIFFERENT'} on "
-             f"{result['n_texts']} texts"
-             + ("" if result["tokenizer_match"] else f" (first: {result['tokenizer_mismatch']!r})")]
+    if result["tokenizer_match"]:
+        lines = [f"tokenizer: identical on {result['n_texts']} texts"]
+    else:   # the check stops at the first text that differs: how many more do is not known
+        lines = [f"tokenizer: DIFFERENT (of {result['n_texts']} texts, the first that differs: "
+                 f"{result['tokenizer_mismatch']!r})"]
     tol = result.get("logit_tolerance")
     lines.append(f"logits: max |diff| {result['max_abs_logit_diff']:.4g} = "
                  f"{result['rel_logit_diff']:.3g} x std over {result['n_tokens']} positions"

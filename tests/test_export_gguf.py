@@ -387,3 +387,19 @@ def test_rope_scaling_is_refused_wherever_the_config_keeps_it(tiny_qwen, tmp_pat
     result = invoke("export", "gguf", ckpt, "--out", tmp_path / "m.gguf", "--quant", "f16", "--no-verify")
     assert_one_line_error(result, "rope scaling 'linear' (rope_scaling) is not supported")
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_the_parity_line_keeps_a_tiny_diff_and_says_what_the_tokenizer_check_knows():
+    """An F16 export's max |diff| of 4e-7 was rounded to 0 beside its nonzero ratio to the std, and
+    "DIFFERENT on 11 texts" read as if every text differed, where only the first mismatch is known."""
+    import numpy as np
+
+    from dgpo_edge.export.parity import compare_logits, format_parity
+
+    ref = np.array([[0.0, 0.1], [0.2, 0.0]], np.float32)
+    numbers = compare_logits(ref, ref + np.float32(4e-7))
+    assert numbers["max_abs_logit_diff"] > 0 and numbers["rel_logit_diff"] > numbers["max_abs_logit_diff"]
+    text = format_parity({**numbers, "tokenizer_match": False, "n_texts": 11, "tokenizer_mismatch": "café",
+                          "top1_agreement": 1.0, "passed": False})
+    assert "tokenizer: DIFFERENT (of 11 texts, the first that differs: 'café')" in text
+    assert f"max |diff| {numbers['max_abs_logit_diff']:.4g} = " in text and "max |diff| 0 =" not in text
