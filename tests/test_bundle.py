@@ -235,6 +235,9 @@ def test_bundle_info_shows_parity_as_rows(tmp_path: Path, hf_model: Path, index_
     assert rows["parity greedy top-1 agreement"] == "99.53% (floor 99%)"
     assert rows["parity greedy generation"] == "32/32 leading tokens identical"
     assert "{" not in r.plain   # no raw JSON
+    # the model row counts the model's own bytes, not the parity JSON bundled beside it
+    own = sum(f.stat().st_size for f in hf_model.iterdir())
+    assert f"({own:,} bytes)" in r.flat, r.plain
 
 
 def test_gpu_layers_recorded_in_the_bundle_and_used_as_the_default(tmp_path: Path, hf_model: Path,

@@ -55,7 +55,10 @@ def print_info(b: Any, verified: bool = False) -> None:
     m = b.manifest
     table = Table(title=f"bundle {b.path}", show_header=False)
     model = m["model"]
-    mbytes = sum(f["bytes"] for n, f in m["files"].items() if n.startswith("model/"))
+    # the model's own file (a GGUF) or folder, without the parity JSON bundled beside or inside it
+    path = model["path"].rstrip("/")
+    mbytes = sum(f["bytes"] for n, f in m["files"].items()
+                 if (n == path or n.startswith(path + "/")) and not n.endswith(".parity.json"))
     table.add_row("model", f"{model['format']}: {model['path']} ({mbytes:,} bytes)")
     idx = m["index"]
     enc = idx.get("encoder")
