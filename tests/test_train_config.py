@@ -163,6 +163,17 @@ def test_rl_non_finite_numbers_are_refused(tmp_path, override, key):
     assert f"'{key}'" in str(info.value) and "finite" in str(info.value)
 
 
+def test_an_algorithm_override_must_be_the_commands(tmp_path):
+    """`train dgpo ... algorithm=ppo` ran DGPO without a word (the command's own value came last)."""
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
+    base = ["rollout.prompts_per_step=256"]
+    assert load_rl_config("dgpo", path, [*base, "algorithm=dgpo"]).algorithm == "dgpo"
+    with pytest.raises(InputError, match=r"override algorithm=ppo: this is `train dgpo`"):
+        load_rl_config("dgpo", path, [*base, "algorithm=ppo"])
+
+
 def test_rl_points_model_compile_to_ppo_compile(tmp_path):
     """ModelSection is shared with SFT/KD, whose compile switch RL would silently ignore."""
     from dgpo_edge.train.rl.config import load_rl_config

@@ -103,6 +103,27 @@ def test_run_out_dir_of_someone_elses_files_is_refused(toy, tmp_path, theirs):
         _sft(write_config(tmp_path / "d.yaml", toy["student"], toy["train"], file_out, optim={"max_steps": 1}))
 
 
+def test_a_run_folder_of_another_command_or_model_is_refused_before_its_config_is_touched(toy, tmp_path):
+    """`train kd` pointed at an SFT run's folder (or `train sft` resuming with another model shape)
+    overwrote the run's config.yaml and then died in a state-dict traceback. Now: one error, and the
+    run's config.yaml as it was."""
+    from dgpo_edge.errors import InputError
+
+    run = tmp_path / "run"
+    _sft(write_config(tmp_path / "sft.yaml", toy["student"], toy["train"], run, optim={"max_steps": 1, "batch_size": 2}))
+    config_before = (run / "config.yaml").read_text()
+    kd = write_config(tmp_path / "kd.yaml", toy["student"], toy["train"], run, optim={"max_steps": 1, "batch_size": 2},
+                      kd={"teacher": str(toy["teacher"]), "loss": "forward_kl"})
+    with pytest.raises(InputError, match="holds a `train sft` run, and this is `train kd`"):
+        _kd(kd)
+    other_shape = write_config(tmp_path / "t.yaml", toy["teacher"], toy["train"], run,
+                               optim={"max_steps": 2, "batch_size": 2})   # the teacher: 3 layers, not 2
+    with pytest.raises(InputError, match="does not fit this config's model") as e:
+        _sft(other_shape)
+    assert e.value.path == str(run / "checkpoints" / "last")
+    assert (run / "config.yaml").read_text() == config_before
+
+
 class _Crash(Exception):
     pass
 
@@ -312,3 +333,32 @@ def test_one_process_can_train_in_fp32_then_bf16():
     assert make_accelerator(config("fp32")).mixed_precision == "no"
     assert make_accelerator(config("bf16")).mixed_precision == "bf16"
     assert make_accelerator(config("fp32")).mixed_precision == "no"
+
+
+def test_a_model_path_shaped_like_a_hub_id_that_is_not_here_is_one_error_line(tmp_path):
+    """`model.path=out/nope` (a folder typed wrong) was tried as a hub id and ended in the hub client's
+    traceback; with no hub to reach (as on every machine here) it is one error line, exit 2."""
+    import os
+
+    config = Path(__file__).resolve().parents[1] / "train" / "configs" / "tiny-cpu-sft.yaml"
+    done = subprocess.run([sys.executable, "-m", "dgpo_edge", "train", "sft", "--config", str(config),
+                           "model.path=out/nope", f"run.out_dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: out/nope: no such model file or directory here"), done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_rl_progress_bar_shows_the_reward_under_its_name(monkeypatch):
+    """RL steps advanced the bar with their reward under the label "loss"."""
+    from dgpo_edge import progress
+    from dgpo_edge.train.plumbing import progress_bar
+
+    made = []
+    real = progress.stage_progress
+    monkeypatch.setattr(progress, "stage_progress", lambda **kw: made.append(kw["extra"]) or real(**kw))
+    for shows in ("loss", "reward"):
+        with progress_bar(True, 2, 0, "dgpo", **({"shows": shows} if shows != "loss" else {})) as advance:
+            advance(-0.0006)
+    assert [column[0].text_format for column in made] == ["loss {task.fields[value]}", "reward {task.fields[value]}"]

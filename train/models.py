@@ -438,7 +438,7 @@ def load_lm(path: str, tokenizer_path: str | None = None, random_init: dict | No
     src = Path(resolve_path(path))
     if not src.exists() and _is_hub_id(path):  # for users with a model hub
         tokenizer = load_tokenizer(tokenizer_path or path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = _from_hub(lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         return model, tokenizer
@@ -467,6 +467,17 @@ def load_lm(path: str, tokenizer_path: str | None = None, random_init: dict | No
     return model, tokenizer
 
 
+def _from_hub(load: Any, spec: str) -> Any:
+    """`load()` of the hub id `spec`; a folder typed wrong (`out/nope`, shaped like a hub id) or no hub
+    to reach is one error line, not the hub client's traceback."""
+    try:
+        return load()
+    except OSError as e:
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise InputError(f"no such model file or directory here, nor a model hub id this machine could fetch "
+                         f"({first})", spec) from None
+
+
 def _is_hub_id(spec: str) -> bool:
     """`org/name`: not a path that exists here, and shaped like a model hub id."""
     parts = spec.split("/")
@@ -478,7 +489,7 @@ def load_tokenizer(spec: str) -> Any:
 
     src = Path(resolve_path(spec))
     if not src.exists() and _is_hub_id(spec):
-        return AutoTokenizer.from_pretrained(spec)
+        return _from_hub(lambda: AutoTokenizer.from_pretrained(spec), spec)
     if src.suffix == ".gguf":
         return load_gguf_tokenizer(src)
     if not src.is_dir():

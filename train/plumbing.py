@@ -191,19 +191,28 @@ RUN_FILES = frozenset({"config.yaml", "metrics.csv", "eval.csv", "report.jsonl",
                        "tb", "wandb"})
 
 
-def check_run_dir(out: Path) -> None:
+def check_run_dir(out: Path, stage: str | None = None) -> None:
     """Refuse a run.out_dir that is a file or lies under one, or a folder of anything but a training run:
-    a run writes its config, metrics and checkpoints there, and replaces or removes the files of those names."""
+    a run writes its config, metrics and checkpoints there, and replaces or removes the files of those names.
+    With `stage`, a run of another command too (`train sft` into a KD run's folder): its checkpoint
+    fits another model, and its config.yaml would be overwritten before that showed."""
     check_folder_path(out, "run.out_dir")
     check_holds_only(out, RUN_FILES, "a training run's", "give run.out_dir a folder of its own",
                      first=("config.yaml", "a run"), alone=("checkpoints",))
+    previous = out / "config.yaml"
+    if stage is not None and previous.is_file():
+        head = previous.read_text(encoding="utf-8", errors="replace").partition("\n")[0]
+        if head.startswith("# resolved ") and not head.startswith(f"# resolved {stage} config"):
+            other = head.removeprefix("# resolved ").split(" ", 1)[0]
+            raise InputError(f"holds a `train {other}` run, and this is `train {stage}`: give run.out_dir a folder "
+                             f"of its own", out)
 
 
 def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = None) -> dict | None:
-    """Create out_dir, write the resolved config, recover from an interrupted swap, and - when
-    `run.resume` and `checkpoints/last` exist - load the saved state (from state/<name> into each of
-    `states`, as `write_last` saved it); returns trainer_state or None."""
-    check_run_dir(out)   # on every process, so that all of them stop,
+    """Create out_dir, recover from an interrupted swap, and - when `run.resume` and `checkpoints/last`
+    exist - load the saved state (from state/<name> into each of `states`, as `write_last` saved it);
+    then write the resolved config. Returns trainer_state or None."""
+    check_run_dir(out, config.stage)   # on every process, so that all of them stop,
     acc.wait_for_everyone()   # and before the main process writes a file that another would see
     ckpt = out / "checkpoints"
     last, old = ckpt / "last", ckpt / ".last.old"
@@ -213,18 +222,24 @@ def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = N
         ckpt.mkdir(parents=True, exist_ok=True)
         if not last.exists() and old.exists():  # crashed between the two renames of _swap_in
             os.replace(old, last)
+    acc.wait_for_everyone()
+    saved = None
+    if resuming:   # before the config is written: a checkpoint that does not fit leaves the run as it was
+        try:
+            for holder, folder in _state_dirs(acc, last / "state", states):
+                holder.load_state(str(folder))
+        except RuntimeError as e:   # torch's size mismatch / missing keys
+            raise InputError(f"does not fit this config's model (another model shape?): "
+                             f"{str(e).strip().splitlines()[-1].strip()[:200]}", last) from None
+        saved = json.loads((last / "trainer_state.json").read_text())
+    if acc.is_main_process:
         previous = out / "config.yaml"
         before = previous.read_text() if previous.is_file() else None
         if write_resolved(config, out).read_text() != before and before is not None and resuming:
             print(f"warning: resuming {last} with a config that differs from the run's previous one")
+        if saved is not None:
+            print(f"resuming from {last} at step {saved['step']}")
     acc.wait_for_everyone()
-    if not resuming:
-        return None
-    for holder, folder in _state_dirs(acc, last / "state", states):
-        holder.load_state(str(folder))
-    saved = json.loads((last / "trainer_state.json").read_text())
-    if acc.is_main_process:
-        print(f"resuming from {last} at step {saved['step']}")
     return saved
 
 
@@ -383,16 +398,16 @@ def _truncate_csv(path: Path, step: int) -> None:
 
 
 @contextlib.contextmanager
-def progress_bar(enabled: bool, total: int, done: int, label: str):
-    """A rich progress bar; yields `advance(loss)`."""
+def progress_bar(enabled: bool, total: int, done: int, label: str, shows: str = "loss"):
+    """A rich progress bar; yields `advance(value)`, the step's `shows` (SFT/KD: loss; RL: reward)."""
     if not enabled:
-        yield lambda loss: None
+        yield lambda value: None
         return
     from rich.progress import TextColumn
 
     from dgpo_edge.progress import add_stage, stage_progress
 
     # stderr, steps as the unit, an ETA that ignores the steps a resumed run had already done
-    with stage_progress(transient=True, extra=(TextColumn("loss {task.fields[loss]}"),)) as bar:
-        task = add_stage(bar, f"train {label}", "train", done, total, unit="steps", loss="-")
-        yield lambda loss: bar.update(task, advance=1, loss=f"{loss:.4f}")
+    with stage_progress(transient=True, extra=(TextColumn(f"{shows} {{task.fields[value]}}"),)) as bar:
+        task = add_stage(bar, f"train {label}", "train", done, total, unit="steps", value="-")
+        yield lambda value: bar.update(task, advance=1, value=f"{value:.4f}")

@@ -298,6 +298,11 @@ def load_rl_config(algorithm: str, path, overrides: list[str] = ()) -> RLConfig:
     from ..config import load_config
 
     # The command has the last word; validation waits until the YAML's own value is compared.
+    for override in overrides:   # appended after them below, the command's own would win without a word
+        key, _, value = override.partition("=")
+        if key.strip() == "algorithm" and value.strip() != algorithm:
+            raise InputError(f"override algorithm={value.strip()}: this is `train {algorithm}`; the command "
+                             f"names the algorithm (run `train {value.strip()}` instead)")
     config = load_config(RLConfig, path, [*overrides, f"algorithm={algorithm}"], validator=lambda c, p: None)
     raw_algorithm = _yaml_algorithm(path)
     if raw_algorithm is not None and raw_algorithm != algorithm:

@@ -294,7 +294,7 @@ class RLTrainer:
             self._evaluate(eval_fn, logger)
         total = self.config.optim.steps
         with progress_bar(self.acc.is_main_process and self.config.log.progress, total, self.state.step,
-                          self.config.algorithm) as advance:
+                          self.config.algorithm, shows="reward") as advance:
             while self.state.step < total and self.state.stopped is None:
                 row = self.step()
                 self.state.step += 1
