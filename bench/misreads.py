@@ -82,14 +82,14 @@ def misreads(rows: list[dict], questions: dict[str, dict], retriever, k: int, ex
     shown_examples: dict[str, list] = defaultdict(list)
     unmatched = 0
     for r in rows:
-        if r.get("outcome", "") != "misread" and ("outcome" in r or outcome(r) != "misread"):
+        if (r["outcome"] if "outcome" in r else outcome(r)) != "misread":   # GPU rows carry theirs
             continue
         q = questions.get(r["id"])
         if q is None:
             fail(f"error: question {r['id']} of the predictions is not in --data")
         shown, seen = [], set()
-        for query in r["search_queries"]:
-            for p in retriever.search([query], k=k)[0]:
+        for hits in retriever.search(r["search_queries"], k=k) if r["search_queries"] else []:
+            for p in hits:
                 if p.id not in seen:
                     seen.add(p.id)
                     shown.append(p)

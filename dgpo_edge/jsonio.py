@@ -100,9 +100,11 @@ def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str 
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
     check_folder_path(out)   # a file above it (`--out notes.txt/run`): no folder can be made there
-    if out.is_dir() and any(out.iterdir()) and not mine(out):
+    if not (out.is_dir() and any(out.iterdir())):
+        return   # new or empty: filled in place (replace_dir)
+    if not mine(out):
         raise InputError(f"exists and is not {what}; refusing to replace it", out)
-    if out.is_dir() and any(out.iterdir()) and Path.cwd().resolve().is_relative_to(out.resolve()):
+    if Path.cwd().resolve().is_relative_to(out.resolve()):
         raise InputError("is the folder this command runs in, and it is replaced whole, which would leave "
                          "the shell in a deleted folder: run the command from another folder", out)
 

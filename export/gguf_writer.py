@@ -89,7 +89,7 @@ def check_replaceable_gguf(out: Path) -> None:
         raise InputError("is a folder; --out names the .gguf file to write", out)
     if not out.exists():
         check_folder_path(out)   # a file above it, where no folder can be made
-    if out.exists():
+    else:
         with open(out, "rb") as f:
             if f.read(4) != b"GGUF":
                 raise InputError("exists and is not a GGUF file; refusing to replace it", out)

@@ -169,7 +169,8 @@ def test_an_algorithm_override_must_be_the_commands(tmp_path):
 
     path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
     base = ["rollout.prompts_per_step=256"]
-    assert load_rl_config("dgpo", path, [*base, "algorithm=dgpo"]).algorithm == "dgpo"
+    for same in ("algorithm=dgpo", "algorithm='dgpo'"):   # quoted as YAML, the same value
+        assert load_rl_config("dgpo", path, [*base, same]).algorithm == "dgpo"
     with pytest.raises(InputError, match=r"override algorithm=ppo: this is `train dgpo`"):
         load_rl_config("dgpo", path, [*base, "algorithm=ppo"])
 

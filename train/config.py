@@ -313,16 +313,27 @@ def to_dict(config: Any) -> dict:
     return dataclasses.asdict(config)
 
 
+_RESOLVED = "# resolved {stage} config (written by dgpo-edge train {stage})"
+
+
 def write_resolved(config: Any, out_dir: Path) -> Path:
-    """Write the resolved config to out_dir/config.yaml (atomically)."""
+    """Write the resolved config to out_dir/config.yaml (atomically), its first line naming the stage."""
     import yaml
 
     from dgpo_edge.jsonio import write_text
 
     path = Path(out_dir) / "config.yaml"
-    header = f"# resolved {config.stage} config (written by dgpo-edge train {config.stage})\n"
+    header = _RESOLVED.format(stage=config.stage) + "\n"
     write_text(path, header + yaml.safe_dump(to_dict(config), sort_keys=False))
     return path
+
+
+def resolved_stage(path: Path) -> str | None:
+    """The stage (`sft`, `kd`, `dgpo`, ...) whose run wrote the config.yaml at `path`, from the first
+    line write_resolved puts there; None for a file without it."""
+    head = path.read_text(encoding="utf-8", errors="replace").partition("\n")[0]
+    prefix, _, _ = _RESOLVED.partition("{stage}")
+    return head.removeprefix(prefix).split(" ", 1)[0] if head.startswith(prefix) else None
 
 
 # --- building and checking -------------------------------------------------------------

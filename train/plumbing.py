@@ -30,7 +30,7 @@ from typing import Any
 from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import check_folder_path, check_holds_only, replace_dir
 
-from .config import write_resolved
+from .config import resolved_stage, write_resolved
 
 
 # --- accelerator and schedule -----------------------------------------------------------------
@@ -200,12 +200,10 @@ def check_run_dir(out: Path, stage: str | None = None) -> None:
     check_holds_only(out, RUN_FILES, "a training run's", "give run.out_dir a folder of its own",
                      first=("config.yaml", "a run"), alone=("checkpoints",))
     previous = out / "config.yaml"
-    if stage is not None and previous.is_file():
-        head = previous.read_text(encoding="utf-8", errors="replace").partition("\n")[0]
-        if head.startswith("# resolved ") and not head.startswith(f"# resolved {stage} config"):
-            other = head.removeprefix("# resolved ").split(" ", 1)[0]
-            raise InputError(f"holds a `train {other}` run, and this is `train {stage}`: give run.out_dir a folder "
-                             f"of its own", out)
+    other = resolved_stage(previous) if stage is not None and previous.is_file() else None
+    if other is not None and other != stage:
+        raise InputError(f"holds a `train {other}` run, and this is `train {stage}`: give run.out_dir a folder "
+                         f"of its own", out)
 
 
 def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = None) -> dict | None:

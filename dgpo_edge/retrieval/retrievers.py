@@ -193,7 +193,8 @@ def open_index(index_dir: str | Path, encoder: str | Encoder | None = None, thre
     dimension match the index's (else InputError naming the folder). `kind`
     overrides the manifest's: "bm25" (any index with BM25), "dense" (its
     vectors only), "hybrid" (vectors + BM25). `nprobe` overrides the saved
-    IVF nprobe (`encoder` and `nprobe` are refused for a BM25 search, which would ignore them); `threads` goes to the encoder and to FAISS searches; `mmap`
+    IVF nprobe (`encoder` and `nprobe` are refused for a BM25 search, which
+    would ignore them); `threads` goes to the encoder and to FAISS searches; `mmap`
     maps the vectors instead of reading them; `verify=True` checks every
     file's sha256 first. Sizes are always checked, and the sha256 of every
     file changed since it was last verified (`dgpo_edge.digests`), so a

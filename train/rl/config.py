@@ -293,16 +293,22 @@ def _validate_ppo(p: PPOSection, bad) -> None:
 
 def load_rl_config(algorithm: str, path, overrides: list[str] = ()) -> RLConfig:
     """Read YAML + overrides for `train <algorithm>`; a YAML `algorithm` must match the command."""
+    import yaml
+
     from dgpo_edge.errors import InputError
 
     from ..config import load_config
 
     # The command has the last word; validation waits until the YAML's own value is compared.
     for override in overrides:   # appended after them below, the command's own would win without a word
-        key, _, value = override.partition("=")
-        if key.strip() == "algorithm" and value.strip() != algorithm:
-            raise InputError(f"override algorithm={value.strip()}: this is `train {algorithm}`; the command "
-                             f"names the algorithm (run `train {value.strip()}` instead)")
+        key, _, text = override.partition("=")
+        try:   # as apply_override reads it: 'ppo' and "ppo" are ppo
+            value = str(yaml.safe_load(text)) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        if key.strip() == "algorithm" and value != algorithm:
+            raise InputError(f"override algorithm={value}: this is `train {algorithm}`; the command "
+                             f"names the algorithm (run `train {value}` instead)")
     config = load_config(RLConfig, path, [*overrides, f"algorithm={algorithm}"], validator=lambda c, p: None)
     raw_algorithm = _yaml_algorithm(path)
     if raw_algorithm is not None and raw_algorithm != algorithm:
