@@ -49,7 +49,7 @@ def test_resolved_config_round_trips(tmp_path):
     (GOOD + "optim: 3\n", [], "'optim' must be a mapping"),
     (GOOD + "optim: {batch_size: two}\n", [], "key 'optim.batch_size' must be an integer"),
     (GOOD + "optim: {batch_size: 1.5}\n", [], "key 'optim.batch_size' must be an integer"),
-    (GOOD + "run: {out_dir: x, resume: maybe}\n", [], "key 'run.resume' must be true/false"),
+    (GOOD.replace("out_dir: out/x", "out_dir: x, resume: maybe"), [], "key 'run.resume' must be true/false"),
     (GOOD, ["optim.lr=abc"], "override 'optim.lr' must be a number"),
     (GOOD, ["optim.nope=1"], "override 'optim.nope': unknown key"),
     (GOOD, ["nope.lr=1"], "override 'nope': unknown section"),
@@ -126,11 +126,24 @@ def test_cli_bad_key_and_override(tmp_path):
 def test_cli_missing_model_and_bad_trajectories(tmp_path):
     path = _yaml(tmp_path, f"run: {{out_dir: {tmp_path / 'run'}}}\nmodel: {{path: {tmp_path / 'no-model'}}}\n"
                            f"data: {{train: {tmp_path / 't.jsonl'}}}\n")
+    (tmp_path / "t.jsonl").write_text("")
     assert_one_line_error(invoke("train", "sft", "--config", path), "no-model", "no such model")
     assert not (tmp_path / "run").exists()  # nothing written before the inputs are known good
 
 
-RL_GOOD = GOOD + "data: {train: t.jsonl, retriever: corpus.jsonl}\nteacher: {path: t}\n"
+@pytest.mark.parametrize("stage, extra", [("sft", ""), ("kd", "kd: {teacher: no-teacher}\n"),
+                                          ("ppo", "rollout: {prompts_per_step: 256}\n")])
+def test_a_missing_data_file_is_named_by_its_key_before_any_model_loads(tmp_path, stage, extra):
+    """The error named the path alone, and came after the model (and a KD run's teacher) had loaded."""
+    (tmp_path / "t.jsonl").write_text("")
+    path = _yaml(tmp_path, f"run: {{out_dir: {tmp_path / 'run'}}}\nmodel: {{path: {tmp_path / 'no-model'}}}\n"
+                           f"data: {{train: {tmp_path / 't.jsonl'}, dev: {tmp_path / 'dev.jsonl'}, retriever: c.jsonl}}\n{extra}")
+    assert_one_line_error(invoke("train", stage, "--config", path), "dev.jsonl", "data.dev: no such file")
+    assert not (tmp_path / "run").exists()
+
+
+RL_GOOD = (GOOD.replace("data: {train: t.jsonl}\n", "data: {train: t.jsonl, retriever: corpus.jsonl}\n")
+           + "teacher: {path: t}\n")
 
 
 @pytest.mark.parametrize("text, overrides, key", [
@@ -156,7 +169,7 @@ def test_non_finite_numbers_are_refused(tmp_path, text, overrides, key):
 def test_rl_non_finite_numbers_are_refused(tmp_path, override, key):
     from dgpo_edge.train.rl.config import load_rl_config
 
-    path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
+    path = _yaml(tmp_path, RL_GOOD)
     load_rl_config("dgpo", path, ["rollout.prompts_per_step=256"])   # the base is valid
     with pytest.raises(InputError) as info:
         load_rl_config("dgpo", path, [override])
@@ -167,7 +180,7 @@ def test_an_algorithm_override_must_be_the_commands(tmp_path):
     """`train dgpo ... algorithm=ppo` ran DGPO without a word (the command's own value came last)."""
     from dgpo_edge.train.rl.config import load_rl_config
 
-    path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
+    path = _yaml(tmp_path, RL_GOOD)
     base = ["rollout.prompts_per_step=256"]
     for same in ("algorithm=dgpo", "algorithm='dgpo'"):   # quoted as YAML, the same value
         assert load_rl_config("dgpo", path, [*base, same]).algorithm == "dgpo"
@@ -175,11 +188,30 @@ def test_an_algorithm_override_must_be_the_commands(tmp_path):
         load_rl_config("dgpo", path, [*base, "algorithm=ppo"])
 
 
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
+    """YAML keeps the last of two equal keys without a word: a second `optim:` section further down
+    replaced the first whole, and a second `lr:` overrode the first."""
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    twice = GOOD + "optim: {lr: 1.0e-4}\noptim: {max_steps: 5}\n"
+    with pytest.raises(InputError) as info:
+        load_config(SFTConfig, _yaml(tmp_path, twice))
+    assert "key 'optim' is given twice" in str(info.value) and "c.yaml, line 5:" in str(info.value)
+    nested = GOOD + "optim:\n  lr: 1.0e-4\n  max_steps: 5\n  lr: 2.0e-4\n"
+    with pytest.raises(InputError, match=r"c\.yaml, line 7: .*key 'lr' is given twice"):
+        load_config(SFTConfig, _yaml(tmp_path, nested))
+    rl = _yaml(tmp_path, RL_GOOD + "rollout: {prompts_per_step: 256}\n", "rl.yaml")
+    assert load_rl_config("dgpo", rl).rollout.prompts_per_step == 256
+    rl.write_text(rl.read_text() + "algorithm: ppo\nalgorithm: dgpo\n")
+    with pytest.raises(InputError, match="key 'algorithm' is given twice"):
+        load_rl_config("dgpo", rl)
+
+
 def test_rl_points_model_compile_to_ppo_compile(tmp_path):
     """ModelSection is shared with SFT/KD, whose compile switch RL would silently ignore."""
     from dgpo_edge.train.rl.config import load_rl_config
 
-    path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
+    path = _yaml(tmp_path, RL_GOOD)
     assert load_rl_config("dgpo", path, ["rollout.prompts_per_step=256", "ppo.compile=true"]).ppo.compile
     with pytest.raises(InputError) as info:
         load_rl_config("dgpo", path, ["rollout.prompts_per_step=256", "model.compile=true"])
@@ -190,7 +222,7 @@ def test_rl_refuses_lora_dropout(tmp_path):
     """Dropout would make the old log-probs (scored in training mode) and the update's differ."""
     from dgpo_edge.train.rl.config import load_rl_config
 
-    path = _yaml(tmp_path, RL_GOOD.replace("data: {train: t.jsonl}\n", ""))
+    path = _yaml(tmp_path, RL_GOOD)
     base = ["rollout.prompts_per_step=256", "lora.r=8"]
     assert load_rl_config("ppo", path, base + ["lora.dropout=0"]).lora.r == 8
     with pytest.raises(InputError) as info:

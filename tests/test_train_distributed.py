@@ -37,8 +37,10 @@ def test_two_cpu_processes_share_the_global_batch(tmp_path_factory, tmp_path):
     model = tiny_model_dir(tok, tmp_path / "model")
     data = write_toy_data(tmp_path / "data")
     common = {"optim": {"max_steps": 3, "lr": 1e-2}}
+    # log.save_minutes ~0: a checkpoint at every step, decided by rank 0's clock and broadcast (the
+    # ranks' own clocks could disagree, and a rank saving alone would hang at the save's barrier)
     two = write_config(tmp_path / "two.yaml", model, data["train"], tmp_path / "two",
-                       optim={**common["optim"], "batch_size": 1})
+                       optim={**common["optim"], "batch_size": 1}, log={"save_minutes": 1e-9})
     one = write_config(tmp_path / "one.yaml", model, data["train"], tmp_path / "one",
                        optim={**common["optim"], "batch_size": 2})
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}

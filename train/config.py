@@ -13,6 +13,7 @@ run records exactly what produced it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -116,6 +117,7 @@ class LogSection:
 
     every: int = 10              # optimizer steps between metric rows
     save_every: int = 0          # optimizer steps between checkpoints/last; 0 = at evals and the end
+    save_minutes: float = 10.0   # also save checkpoints/last once this long has passed since the last save (0: never)
     tensorboard: bool = True     # out_dir/tb
     wandb: bool = False          # Weights & Biases, only when asked (and installed)
     wandb_project: str = "dgpo-edge"
@@ -192,21 +194,8 @@ def load_config(cls: type, path: str | Path, overrides: list[str] = (), validato
 
     `validator(config, path)` replaces the SFT/KD checks (`validate`) for other stages.
     """
-    import yaml
-
     path = Path(path)
-    if not path.is_file():
-        raise InputError("no such config file", path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError as e:
-        raise InputError(f"not UTF-8 ({e.reason})", path) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = None if mark is None else mark.line + 1
-        raise InputError(f"malformed YAML: {getattr(e, 'problem', e)}", path, line) from None
-    if not isinstance(raw, dict):
-        raise InputError(f"expected a mapping of sections, got {type(raw).__name__}", path)
+    raw = read_config_yaml(path)
     moved = dict(getattr(cls, "MOVED_KEYS", ()))
     config = _build(cls, _move_keys(raw, moved, path), path, prefix="")
     for item in overrides:
@@ -215,6 +204,48 @@ def load_config(cls: type, path: str | Path, overrides: list[str] = (), validato
     check_sections(config, path)
     (validator or validate)(config, path)
     return config
+
+
+def read_config_yaml(path: Path) -> dict:
+    """The config file's mapping of sections; InputError for a missing file, bad YAML or text that
+    is not UTF-8, and for a key given twice in one mapping (plain YAML keeps the last silently, so
+    a second `lr:` further down would quietly override the first), naming the line."""
+    import yaml
+
+    if not path.is_file():
+        raise InputError("no such config file", path)
+    try:
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader()) or {}
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 ({e.reason})", path) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = None if mark is None else mark.line + 1
+        raise InputError(f"malformed YAML: {getattr(e, 'problem', e)}", path, line) from None
+    if not isinstance(raw, dict):
+        raise InputError(f"expected a mapping of sections, got {type(raw).__name__}", path)
+    return raw
+
+
+@functools.cache
+def _unique_key_loader() -> type:
+    """A SafeLoader that refuses a repeated key (made on first use: importing yaml costs the CLI's start)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: set = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, typing.Hashable):
+                    continue   # SafeLoader's own error ("found unhashable key") follows
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return Loader
 
 
 def refuse_non_finite(value: Any, path: Path | str, key: str = "") -> None:
@@ -419,7 +450,7 @@ def validate(config: Any, path: Path | str) -> None:
     if o.grad_clip < 0:
         bad("optim.grad_clip", "must be >= 0")
     for key, value in (("eval.every", config.eval.every), ("log.save_every", config.log.save_every),
-                       ("chunk_size", config.chunk_size)):
+                       ("log.save_minutes", config.log.save_minutes), ("chunk_size", config.chunk_size)):
         if value < 0:
             bad(key, "must be >= 0")
     if config.log.every < 1:

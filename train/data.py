@@ -25,6 +25,20 @@ from dgpo_edge.transcript import Transcript, encoder_for
 SEGMENT_KINDS = ("turn", "information", "feedback")
 
 
+def require_data_files(data: Any) -> None:
+    """Every file the `data` section names (train, dev, report) is there, checked before any model
+    loads (a KD run loads its teacher first), naming the key of the one that is not."""
+    from dgpo_edge.jsonio import require_file
+
+    for key in ("train", "dev", "report"):
+        path = getattr(data, key, None)
+        if path:
+            try:
+                require_file(path)
+            except InputError as e:
+                raise InputError(f"data.{key}: {e.message}", e.path) from None
+
+
 @dataclass
 class Example:
     """One tokenized trajectory."""

@@ -24,7 +24,7 @@ from dgpo_edge.errors import InputError
 from dgpo_edge.protocol import STOP_STRINGS
 
 from .config import KDConfig
-from .data import Example, collate, load_trajectories, report_data
+from .data import Example, collate, load_trajectories, report_data, require_data_files
 from .evaluation import make_eval_fn
 from .models import load_frozen, load_lm
 
@@ -82,6 +82,7 @@ def run_kd(config: KDConfig, on_step: Callable | None = None) -> dict:
     from .plumbing import make_accelerator, whole_weights, zero_stage
     from .trainer import Trainer, check_zero3
 
+    require_data_files(config.data)
     accelerator = make_accelerator(config)
     check_zero3(config, zero_stage(accelerator), accelerator.num_processes)
     torch.manual_seed(config.run.seed)

@@ -449,6 +449,10 @@ def load_lm(path: str, tokenizer_path: str | None = None, random_init: dict | No
         kwargs = {"gguf_file": src.name} if src.suffix == ".gguf" else {}
         config = AutoConfig.from_pretrained(src.parent if kwargs else src, **kwargs)
         for key, value in random_init.items():
+            # a misspelt key (num_hiden_layers) would set an attribute nothing reads: a full-size model
+            if not hasattr(config, key):
+                raise InputError(f"model.random_init: {type(config).__name__} has no setting {key!r} "
+                                 f"(e.g. num_hidden_layers, hidden_size, intermediate_size)", src)
             setattr(config, key, value)
         for attr in ("quantization_config",):
             config.__dict__.pop(attr, None)

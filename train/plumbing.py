@@ -159,6 +159,34 @@ def write_last(acc: Any, ckpt: Path, lm: Any, tokenizer: Any, state: dict, prove
     acc.wait_for_everyone()
 
 
+class SaveClock:
+    """`log.save_minutes`: whether that long has passed since the last checkpoints/last, so a run
+    without evaluations (data.dev unset) and without log.save_every still loses at most that much
+    to a crash, whatever its step time. The main process's clock decides for all: each reading its
+    own could disagree, and a process saving alone would wait forever at the save's barrier."""
+
+    def __init__(self, minutes: float):
+        import time
+
+        self.seconds, self.clock = minutes * 60, time.monotonic
+        self.last = self.clock()
+
+    def due(self, acc: Any) -> bool:
+        """Call on every process at every step (with several processes it is a broadcast)."""
+        if not self.seconds:
+            return False
+        due = self.clock() - self.last >= self.seconds
+        if acc.num_processes > 1:
+            import torch
+            from accelerate.utils import broadcast
+
+            due = bool(broadcast(torch.tensor([int(due)], device=acc.device), from_process=0).item())
+        return due
+
+    def saved(self) -> None:
+        self.last = self.clock()
+
+
 def lm_state_dict(acc: Any, module: Any) -> dict | None:
     """Under DeepSpeed ZeRO-3, the full weights of `module.lm` (module: a prepared wrapper holding the
     LM as `.lm`), named as the LM names them, gathered from the shards: every rank must call this, and
@@ -303,6 +331,11 @@ class Loggers:
         _truncate_jsonl(self.report_jsonl, start_step)
         if config.log.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
+
+            if not start_step:   # a fresh start (run.resume=false, or nothing saved yet): as the CSVs,
+                # the previous attempt's curves go, or TensorBoard draws both runs as one
+                for old in (out / "tb").glob("events.out.tfevents.*"):
+                    old.unlink()
             self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1 if start_step else None)
         if config.log.wandb:
             try:

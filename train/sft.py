@@ -20,7 +20,7 @@ def run_sft(config: SFTConfig, on_step: Callable | None = None) -> dict:
     import torch
 
     from .compiled_layers import compile_models
-    from .data import load_trajectories, report_data
+    from .data import load_trajectories, report_data, require_data_files
     from .evaluation import make_eval_fn
     from .lora import apply_lora
     from .losses import MaskedLMLoss
@@ -28,6 +28,7 @@ def run_sft(config: SFTConfig, on_step: Callable | None = None) -> dict:
     from .plumbing import make_accelerator, whole_weights, zero_stage
     from .trainer import Trainer, check_zero3
 
+    require_data_files(config.data)
     accelerator = make_accelerator(config)
     check_zero3(config, zero_stage(accelerator), accelerator.num_processes)
     torch.manual_seed(config.run.seed)

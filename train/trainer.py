@@ -33,6 +33,7 @@ from dgpo_edge.errors import InputError
 from .data import Example, batch_order, collate
 from .plumbing import (
     Loggers,
+    SaveClock,
     evaluate_and_keep_best,
     fill_deepspeed_autos,
     lr_lambda,
@@ -114,6 +115,7 @@ class Trainer:
         self.total_steps = config.optim.max_steps or max(1, math.ceil(config.optim.epochs * steps_per_epoch))
         self._setup_optim(module)
         self.state = TrainState()
+        self.save_clock = SaveClock(config.log.save_minutes)
         self._order_cache: dict[int, list[list[int]]] = {}
         self._eval_copy: Any = None     # the bf16 copy the evaluations decode (made at the first one)
         self._eval_engine: Any = None
@@ -224,7 +226,8 @@ class Trainer:
             self._evaluate(logger)
             evaluated = True
         save_every = self.config.log.save_every
-        if at_end or evaluated or (save_every and step % save_every == 0):
+        timed = self.save_clock.due(self.acc)   # on every process at every step (a broadcast)
+        if at_end or evaluated or timed or (save_every and step % save_every == 0):
             self.save_last()
 
     def _train_row(self, window: dict, stats: dict) -> dict:
@@ -293,6 +296,7 @@ class Trainer:
         """checkpoints/last: model + tokenizer (transformers format) and state/ for resuming."""
         write_last(self.acc, self.ckpt, self.lm, self.tokenizer, self.state.__dict__, self.provenance(),
                    module=self.module)
+        self.save_clock.saved()
 
     def _prepare_run_dir(self) -> None:
         saved = prepare_run_dir(self.acc, self.config, self.out)

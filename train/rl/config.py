@@ -16,11 +16,12 @@ overrides and error reporting are config.py's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from dgpo_edge.protocol import ProtocolConfig
 
-from ..config import EvalSection, LogSection, LoRASection, ModelSection, RunSection, Schedule
+from ..config import EvalSection, LogSection, LoRASection, ModelSection, RunSection, Schedule, read_config_yaml
 from ..decoding import AttentionChoice, DecoderChoice, LayerChoice, LMHeadChoice
 
 # The episode limits that moved from `rollout` into the `protocol` section (read with a warning).
@@ -251,6 +252,8 @@ def validate_rl(config: RLConfig, path) -> None:
     if config.eval.every < 0 or config.log.save_every < 0 or config.log.every < 1:
         bad("eval.every" if config.eval.every < 0 else "log.save_every" if config.log.save_every < 0
             else "log.every", "is out of range (every >= 0, log.every >= 1)")
+    if config.log.save_minutes < 0:
+        bad("log.save_minutes", "must be >= 0")
     if config.head_rows < 1:
         bad("head_rows", "must be >= 1")
     c = config.collapse
@@ -318,9 +321,5 @@ def load_rl_config(algorithm: str, path, overrides: list[str] = ()) -> RLConfig:
 
 
 def _yaml_algorithm(path) -> str | None:
-    import yaml
-
-    with open(path, encoding="utf-8") as f:
-        raw = yaml.safe_load(f) or {}
-    value = raw.get("algorithm") if isinstance(raw, dict) else None
+    value = read_config_yaml(Path(path)).get("algorithm")
     return None if value is None else str(value)

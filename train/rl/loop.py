@@ -57,11 +57,13 @@ from .models import (
     make_critic,
 )
 from ..compiled_layers import compile_models
+from ..data import require_data_files
 from ..rollout import RolloutConfig, generate_rollouts, make_engine, observation_blocks
 from ..rollout_copy import RolloutCopy, wants_copy
 from ..models import load_frozen, load_lm, load_tokenizer
 from ..plumbing import (
     Loggers,
+    SaveClock,
     evaluate_and_keep_best,
     lr_lambda,
     peak_memory_gb,
@@ -125,10 +127,12 @@ class RLTrainer:
         self.bf16 = self.acc.mixed_precision == "bf16"
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         self._check_sizes()
+        require_data_files(config.data)
         self._load_data()
         self._load_models()
         self._setup_optim()
         self.state = RLState()
+        self.save_clock = SaveClock(config.log.save_minutes)
         self.watch = rl_math.CollapseWatch(config.collapse.window, config.collapse.drop, config.collapse.min_best)
 
     # -- setup ---------------------------------------------------------------------------------
@@ -586,7 +590,8 @@ class RLTrainer:
         if evaluated:
             self._evaluate(eval_fn, logger)
         save_every = self.config.log.save_every
-        if at_end or evaluated or (save_every and step % save_every == 0):
+        timed = self.save_clock.due(self.acc)   # on every process at every step (a broadcast)
+        if at_end or evaluated or timed or (save_every and step % save_every == 0):
             self.save_last()
 
     def _evaluate(self, eval_fn: Any, logger: Any) -> None:
@@ -611,6 +616,7 @@ class RLTrainer:
     def save_last(self) -> None:
         write_last(self.acc, self.ckpt, self.lm, self.tokenizer, asdict(self.state), self._provenance(),
                    states=self._states())
+        self.save_clock.saved()
 
     def _summary(self) -> dict:
         from dgpo_edge.jsonio import write_json
