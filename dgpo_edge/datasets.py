@@ -20,6 +20,7 @@ from typing import Any
 from .errors import InputError
 from .jsonio import read_jsonl, require_file
 from .metrics import normalize_answer
+from .termtext import not_utf8
 
 ANSWER_SPLIT = "<|answer_split|>"  # DeepResearcher joins gold aliases with this
 
@@ -53,7 +54,14 @@ def _question(value: Any, at: _Where, name: str = "question") -> str:
         raise at.error(f"'{name}' must be a string, got {type(value).__name__}")
     if not value.strip():
         raise at.error(f"'{name}' is empty")
+    _check_unicode(value, at, name)
     return value.strip()
+
+
+def _check_unicode(text: str, at: _Where, name: str) -> None:
+    """Refused here, not as a traceback once an evaluation writes its first prediction."""
+    if bad := not_utf8(text):
+        raise at.error(f"'{name}' is not valid Unicode text: {bad}")
 
 
 def _answers(value: Any, at: _Where, name: str) -> tuple[str, ...]:
@@ -64,6 +72,8 @@ def _answers(value: Any, at: _Where, name: str) -> tuple[str, ...]:
     """
     if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
         raise at.error(f"'{name}' must be a list of strings, got {_describe(value)}")
+    for a in value:
+        _check_unicode(a, at, name)
     answers = tuple(a.strip() for a in value if a.strip())
     if not answers:
         raise at.error(f"'{name}' has no answers")

@@ -31,3 +31,20 @@ def printable(text: str) -> str:
     if text.isprintable():  # the common case: nothing to do (tab and newline are not "printable")
         return text
     return _CONTROL.sub("", _SEQUENCE.sub("", text))
+
+
+def not_utf8(text: str, argv: bool = False) -> str | None:
+    """Where `text` cannot be written as UTF-8, said for an error message, or None when it can.
+
+    Such text holds lone surrogates: JSON's "\\ud800" escapes decode to them, and so do command-line
+    bytes that were not UTF-8 (Python keeps byte 0xff as U+DCFF, so `argv` names the byte). No
+    tokenizer, engine or UTF-8 file takes one, so every input checks this before work starts.
+    """
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        char = ord(text[e.start])
+        what = (f"byte 0x{char - 0xDC00:02x}" if argv and 0xDC80 <= char <= 0xDCFF
+                else f"a lone surrogate (U+{char:04X})")
+        return f"{what} at character {e.start + 1}"

@@ -91,6 +91,9 @@ def test_ask_without_an_answer_exits_1(script, index_dir: Path):
     (["q", "--index", "IDX", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
     (["q", "--index", "IDX", "--timeout", "nan"], "--timeout must be a number of seconds > 0, got nan"),
     (["q", "--index", "IDX", "--temperature", "0.7", "--seed", "-1"], "--seed must be >= 0, got -1"),
+    # argv bytes that are not UTF-8 (Python keeps them as lone surrogates): refused before the model
+    # loads, not the engine's "'utf-8' codec can't encode" after it
+    (["Peru \udcff?", "--index", "IDX"], "the question is not valid UTF-8 text (byte 0xff at character 6)"),
     (["q", "--bundle", "NOPE"], "no such bundle folder"),
     (["q", "--index", "NOPE"], "no such index folder"),
 ])

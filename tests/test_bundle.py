@@ -101,6 +101,26 @@ def test_a_partial_folder_the_tool_did_not_make_is_refused(tmp_path: Path, hf_mo
     verify(b.path)
 
 
+def test_a_rerun_with_other_inputs_keeps_nothing_of_the_crashed_build(tmp_path: Path, hf_model: Path,
+                                                                      index_dir: Path):
+    """A build that crashed left another model's files in B.partial; the rerun with this model
+    listed them in the manifest too (a GGUF beside this model, an index file the index lacks)."""
+    from dgpo_edge.bundle.core import claim_partial
+
+    work = claim_partial(tmp_path / "B.partial")
+    (work / "model").mkdir()
+    (work / "model" / "older.gguf").write_bytes(b"GGUF" + os.urandom(64))
+    (work / "index").mkdir()
+    (work / "index" / "ivfpq.faiss").write_bytes(os.urandom(64))
+    (work / "manifest.json").write_text("{}")   # died while finishing: rewritten
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    assert not any("older.gguf" in n or "ivfpq.faiss" in n for n in b.manifest["files"]), b.manifest["files"]
+    assert not (b.path / "model" / "older.gguf").exists() and not (b.path / "index" / "ivfpq.faiss").exists()
+    assert sorted(b.manifest["files"]) == sorted(
+        build_bundle(hf_model, index_dir, tmp_path / "fresh").manifest["files"])
+    verify(b.path)
+
+
 def _e5_index(index_dir: Path, tmp_path: Path) -> Path:
     """A copy of the index whose manifest says it was built with e5 (so --encoder is needed)."""
     e5 = shutil.copytree(index_dir, tmp_path / "e5-index")
@@ -206,6 +226,33 @@ def test_a_bundle_written_with_the_old_max_turns_key_still_loads(tmp_path: Path,
     assert old.protocol() == ProtocolConfig(max_searches=2) and old.protocol(max_searches=0).max_searches == 0
     r = invoke("bundle", "info", b.path)
     assert r.exit_code == 0 and "max searches 2" in r.flat, r.output
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda m: m.update(protocol="x"), '"protocol" must be an object or null'),
+    (lambda m: m.update(versions="x"), '"versions" must be an object or null'),
+    (lambda m: m.update(source=["x"]), '"source" must be an object or null'),
+    (lambda m: m["index"].update(count="12"), '"index.count" must be an integer'),
+    (lambda m: m["model"].pop("format"), '"model.format" must be a string'),
+])
+def test_a_manifest_of_the_wrong_shape_is_one_error_line_everywhere(tmp_path: Path, hf_model: Path,
+                                                                   index_dir: Path, edit, needle):
+    """Valid JSON of the wrong shape (a manifest edited by hand): `bundle verify` said ok, and
+    `bundle info` and `ask` died on it with a traceback."""
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    manifest = json.loads((b.path / MANIFEST).read_text())
+    edit(manifest)
+    (b.path / MANIFEST).write_text(json.dumps(manifest))
+    for args in (("bundle", "verify", b.path), ("bundle", "info", b.path), ("ask", "q", "--bundle", b.path)):
+        assert_one_line_error(invoke(*args), str(b.path / MANIFEST), needle)
+
+
+def test_bad_protocol_settings_name_the_manifest(tmp_path: Path, hf_model: Path, index_dir: Path):
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    manifest = json.loads((b.path / MANIFEST).read_text())
+    manifest["protocol"]["top_k"] = "abc"
+    (b.path / MANIFEST).write_text(json.dumps(manifest))
+    assert_one_line_error(invoke("ask", "q", "--bundle", b.path), str(b.path / MANIFEST), "bad protocol settings")
 
 
 def test_bundle_verify_json(tmp_path: Path, hf_model: Path, index_dir: Path):

@@ -295,6 +295,30 @@ def test_search_prints_passage_text_without_terminal_escapes_or_emoji(tmp_path):
     assert hits(result) == [("passwd copy", "p1")]
 
 
+def test_file_names_with_terminal_escapes_are_printed_without_them(tmp_path):
+    """A note's name is data too (a folder unpacked from an archive): the build's summary, `index
+    update`'s list and an error line naming it must not set the window title or clear the screen."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "alice.md").write_text("The meeting with Alice is on Tuesday.\n", encoding="utf-8")
+    (notes / "\x1b]0;pwned\x07slides.pptx").write_bytes(b"PK\x03\x04")
+    out = tmp_path / "index"
+    built = invoke("index", "build", notes, "--out", out, "--kind", "bm25")
+    assert built.exit_code == 0, built.output
+    (notes / "\x1b[2Jnew.md").write_text("Bob likes tea.\n", encoding="utf-8")
+    updated = invoke("index", "update", notes, "--out", out)
+    assert updated.exit_code == 0, updated.output
+    assert "skipped slides.pptx: unsupported type .pptx" in built.plain and "added new.md" in updated.plain
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "\x1b]0;pwned\x07scan.md").write_bytes(b"\xff\xfe")
+    error = assert_one_line_error(invoke("index", "build", bad, "--out", tmp_path / "i2", "--kind", "bm25"),
+                                  "scan.md: not UTF-8")
+    for output in (built.output, updated.output, error):
+        for escape in ("\x1b", "\x07", "pwned"):
+            assert escape not in output, (escape, output)
+
+
 # --------------------------------------------------------------------------- a Search-R1 jsonl
 
 @pytest.mark.shared

@@ -263,6 +263,10 @@ def test_r1searcher_jsonl(tmp_path):
     (read_flashrag_jsonl, {"question": "q", "golden_answers": [" ", ""]}, "no answers"),
     (read_flashrag_jsonl, {"question": "  ", "golden_answers": ["a"]}, "'question' is empty"),
     (read_flashrag_jsonl, {"golden_answers": ["a"]}, "'question' must be a string"),
+    # JSON's lone-surrogate escapes: eval died with a traceback writing its first prediction
+    (read_flashrag_jsonl, {"question": "q\ud800", "golden_answers": ["a"]},
+     "'question' is not valid Unicode text: a lone surrogate (U+D800) at character 2"),
+    (read_flashrag_jsonl, {"question": "q", "golden_answers": ["a", "\udc00"]}, "'golden_answers' is not valid Unicode"),
     (read_nq_open_jsonl, {"question": "q", "answer": "a"}, "list of strings"),
     (read_r1searcher_jsonl, {"question": "q", "answer": ["a"]}, "'answer' must be a string"),
     (read_r1searcher_jsonl, {"question": 5, "answer": "a"}, "'question' must be a string"),

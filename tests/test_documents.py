@@ -123,3 +123,99 @@ def test_html_the_parser_cannot_walk_is_skipped_not_a_crash():
         html_sections(deep)
     utf16 = "<p>caf\u00e9 notes</p>".encode("utf-16")  # the parser finds the encoding from the BOM
     assert html_sections(utf16) == [("", ["caf\u00e9 notes"])]
+
+
+def _notes_with_a_pipe_and_a_socket(tmp_path):
+    """A folder whose .md names include a named pipe and a socket: opening the pipe blocks forever."""
+    import os
+    import socket
+
+    d = tmp_path / "notes"
+    d.mkdir()
+    (d / "alice.md").write_text("The meeting with Alice is on Tuesday.\n", encoding="utf-8")
+    os.mkfifo(d / "pipe.md")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(d / "sock.md"))
+    sock.close()
+    return d
+
+
+def _unblock_readers(pipe, seconds: float = 20.0) -> None:
+    """Open `pipe` for writing whenever a reader waits on it, for `seconds`, so that a build that
+    opens it (the old code did) gets end-of-file instead of hanging the test run."""
+    import os
+    import threading
+    import time
+
+    def writer():
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            try:
+                os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))   # ENXIO while no reader waits
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+    threading.Thread(target=writer, daemon=True).start()
+
+
+def test_pipes_and_sockets_named_like_notes_are_skipped_not_opened(tmp_path):
+    notes = _notes_with_a_pipe_and_a_socket(tmp_path)
+    _unblock_readers(notes / "pipe.md")
+    out = tmp_path / "idx"
+    r = invoke("index", "build", notes, "--out", out, "--kind", "bm25")   # hung on the pipe before
+    assert r.exit_code == 0, r.output
+    assert "read 1 file(s) (1 .md) into 1 passages; skipped 2" in r.plain
+    assert "skipped pipe.md: not a regular file" in r.plain and "skipped sock.md: not a regular file" in r.plain
+    up = invoke("index", "update", notes, "--out", out)   # and they stay skipped, not "changed" each time
+    assert up.exit_code == 0 and "up to date: 3 file(s) unchanged" in up.plain, up.output
+
+
+def test_a_note_that_cannot_be_read_is_skipped_with_the_reason(tmp_path, monkeypatch):
+    """Permissions (root reads anything, so simulated) or a file removed after the folder was listed:
+    that note is skipped and named, the rest of the folder is indexed (a traceback before)."""
+    from pathlib import Path
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "alice.md").write_text("The meeting with Alice is on Tuesday.\n", encoding="utf-8")
+    (notes / "locked.md").write_text("private\n", encoding="utf-8")
+    (notes / "gone.md").write_text("saved by an editor, then renamed away\n", encoding="utf-8")
+    real_open, real_read = open, Path.read_bytes
+
+    def refusing_open(file, *a, **k):
+        if str(file).endswith("locked.md"):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *a, **k)
+
+    def read_bytes(self):
+        if self.name == "gone.md":   # listed and hashed, then removed before it is read
+            self.unlink()
+        return real_read(self)
+
+    monkeypatch.setattr("builtins.open", refusing_open)
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: refusing_open(self, *a, **k))
+    out = tmp_path / "idx"
+    r = invoke("index", "build", notes, "--out", out, "--kind", "bm25")
+    assert r.exit_code == 0, r.output
+    assert "skipped locked.md: could not be read (Permission denied)" in r.plain
+    assert "skipped gone.md: could not be read (No such file or directory)" in r.plain
+    assert "read 1 file(s) (1 .md) into 1 passages; skipped 2" in r.plain
+
+
+def test_a_note_of_nul_bytes_is_skipped_as_binary_not_indexed(tmp_path):
+    """NUL bytes are valid UTF-8, so a zero-filled file (left by a crash) or UTF-16 text without a BOM
+    passed the UTF-8 check and became passages of NULs that searches returned."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "alice.md").write_text("The meeting with Alice is on Tuesday.\n", encoding="utf-8")
+    (notes / "zeros.md").write_bytes(b"\0" * 4096)
+    (notes / "windows.txt").write_bytes("first line\nnotes about Bob".encode("utf-16-le"))
+    report = DocReport()
+    passages = list(iter_text_corpus(notes, report=report))
+    assert [p.id for p in passages] == ["alice.md#0"]
+    reasons = {x["path"]: x["reason"] for x in report.summary()["skipped"]}
+    assert reasons["zeros.md"].startswith("binary, not text (a NUL byte on line 1, byte 0)")
+    assert reasons["windows.txt"].startswith("binary, not text (a NUL byte on line 1, byte 1)")
+    assert "save it as UTF-8" in reasons["windows.txt"]

@@ -322,6 +322,24 @@ def test_no_verify_drops_a_stale_parity_file(tiny_qwen, tmp_path):
     assert out.is_file() and not stale.exists()
 
 
+def test_an_interrupted_check_leaves_no_stale_parity_file(tiny_qwen, tmp_path, monkeypatch):
+    """The old FILE.gguf.parity.json stayed beside the new GGUF when the check died (Ctrl-C), and
+    `export bundle` then copied its verdict into the manifest as the new file's."""
+    import dgpo_edge.export.gguf_verify as gguf_verify
+
+    out = tmp_path / "m.gguf"
+    stale = tmp_path / "m.gguf.parity.json"
+    stale.write_text('{"passed": true, "quant": "f16"}')
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gguf_verify, "verify_gguf", interrupted)
+    result = invoke("export", "gguf", tiny_qwen["tied"], "--out", out, "--quant", "q4_0")
+    assert isinstance(result.exception, KeyboardInterrupt) or result.exit_code != 0, result.output
+    assert out.is_file() and not stale.exists()
+
+
 def test_a_pre_tokenizer_llama_cpp_does_not_know_is_refused_even_without_verify(tiny_qwen, tmp_path, monkeypatch):
     """--pre bogus --no-verify wrote a file llama.cpp then refused to load; now the vocabulary is
     loaded (from the metadata alone) before the model is written, and nothing is left behind."""

@@ -228,3 +228,49 @@ def test_update_never_empties_a_work_folder_it_did_not_make(tmp_path):
     (out / ".work" / "mine.txt").write_text("keep me")
     assert_one_line_error(invoke("index", "update", notes, "--out", out), "did not make this folder")
     assert (out / ".work" / "mine.txt").read_text() == "keep me"
+
+
+def test_a_subfolder_that_cannot_be_listed_is_named_and_its_notes_kept(tmp_path, monkeypatch):
+    """os.walk passed over a folder it could not list without a word: a build left its notes out
+    silently, and an update deleted them from the index (a permission change, a network folder
+    that is away). Now the folder is a skipped entry with the reason, and an update keeps its notes."""
+    notes = write_notes(tmp_path / "notes", n=20)   # 5 notes in each of week-0 .. week-3
+    idx = tmp_path / "idx"
+    assert invoke("index", "build", notes, "--out", idx, "--kind", "bm25").exit_code == 0
+    before = snapshot(idx)
+    real_scandir = os.scandir
+    blocked = ["week-2"]
+
+    def scandir(path="."):
+        if isinstance(path, (str, os.PathLike)) and os.fspath(path).endswith(tuple(blocked)):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    r = invoke("index", "update", notes, "--out", idx)
+    assert r.exit_code == 0, r.output
+    assert "0 deleted" in r.plain and "skipped week-2/: could not be listed (Permission denied)" in r.plain
+    assert snapshot(idx) == before   # week-2's five notes are still in the index
+    rebuilt = invoke("index", "build", notes, "--out", tmp_path / "idx2", "--kind", "bm25")
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert "read 15 file(s) (15 .md) into 15 passages; skipped 1" in rebuilt.plain
+    assert "skipped week-2/: could not be listed (Permission denied)" in rebuilt.plain
+    # the notes folder itself: one error line, even with --force (it emptied the index before)
+    blocked[:] = ["notes"]
+    assert_one_line_error(invoke("index", "update", notes, "--out", idx, "--force"),
+                          "cannot list this folder (Permission denied)")
+    assert snapshot(idx) == before
+
+
+def test_a_new_file_without_passages_is_recorded_once(tmp_path):
+    """An added .docx (or a note that stays empty) gave no passages, so the update returned before
+    writing its record, and every later update reported it as added again."""
+    notes = write_notes(tmp_path / "notes", n=4)
+    idx = tmp_path / "idx"
+    assert invoke("index", "build", notes, "--out", idx, "--kind", "bm25").exit_code == 0
+    (notes / "slides.docx").write_bytes(b"PK\x03\x04")
+    first = invoke("index", "update", notes, "--out", idx)
+    assert first.exit_code == 0 and "added slides.docx" in first.plain, first.output
+    assert "skipped slides.docx: unsupported type .docx" in first.plain
+    again = invoke("index", "update", notes, "--out", idx)
+    assert again.exit_code == 0 and "up to date: 5 file(s) unchanged" in again.plain, again.output

@@ -195,6 +195,9 @@ def test_a_full_queue_answers_503_and_the_retrieve_route_works(live):
      {"Content-Type": "application/json"}, 400, "role 'user'"),
     ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "temperature": 0.7, '
      b'"seed": -1}', {"Content-Type": "application/json"}, 400, "'seed' must be 0 or more"),
+    # a lone surrogate escape reached the engine's encoder: a 500 "'utf-8' codec can't encode" after the queue
+    ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "Peru \\ud800?"}]}',
+     {"Content-Type": "application/json"}, 400, "the question is not valid Unicode text: a lone surrogate"),
     ("POST", "/v1/chat/completions", b"x" * 2_000_001, {"Content-Type": "application/json"}, 413, "larger"),
     ("POST", "/retrieve", b'{"queries": "q"}', {"Content-Type": "application/json"}, 400, "list of strings"),
     ("GET", "/v1/chat/completions", b"", {}, 405, "Method Not Allowed"),
@@ -210,6 +213,20 @@ def test_bad_requests_get_json_errors_never_tracebacks(live, method, path, body,
     assert got == status and hdrs["content-type"] == "application/json"
     err = json.loads(raw)["error"]
     assert needle in err["message"] and "Traceback" not in raw.decode()
+
+
+def test_a_request_waits_for_an_engine_under_a_timeout_past_threadings_limit():
+    """`serve --timeout 1e10` (for "no limit"): a request that had to wait for the engine got
+    OverflowError ("timeout value is too large") from the condition's wait, answered 500."""
+    pool = AgentPool([Agent(ScriptedEngine([]), ListRetriever([]), QUICK)], max_waiting=1)
+    held = pool.acquire()
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(pool.acquire(timeout=1e10)))
+    waiter.start()
+    time.sleep(0.2)
+    pool.release(held)
+    waiter.join(5)
+    assert got == [held]
 
 
 class ClosingEngine(ScriptedEngine):

@@ -92,7 +92,8 @@ class AgentPool:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise Busy(f"no engine free after {timeout:g} s")
-                    self._cond.wait(left)
+                    # a --timeout past threading's limit (1e10 s for "no limit") raised OverflowError: a 500
+                    self._cond.wait(None if left is None else min(left, threading.TIMEOUT_MAX))
                 return self._free.pop()
             finally:
                 self._waiting -= 1

@@ -139,7 +139,10 @@ class Bundle:
         return self.manifest["model"]["format"]
 
     def protocol(self, top_k: int | None = None, max_searches: int | None = None) -> ProtocolConfig:
-        return protocol_config(self.manifest.get("protocol"), top_k, max_searches)
+        try:
+            return protocol_config(self.manifest.get("protocol"), top_k, max_searches)
+        except InputError as e:   # the settings are the manifest's: name it
+            raise InputError(e.message, self.path / MANIFEST) from None
 
     @property
     def gpu_layers(self) -> int:
@@ -193,7 +196,27 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     for part in (m["model"]["path"], m["index"]["path"], enc and enc["path"], parity):
         if part is not None and not _safe_relative(part):
             raise InputError(f"malformed bundle manifest: {part!r} is not a path inside the bundle", mpath)
+    _check_shapes(m, mpath)
     return m
+
+
+#: Sections a manifest may leave out (or set to null), and the fields of the required ones that
+#: loading and `bundle info` read, with the type each must have.
+_OPTIONAL_OBJECTS = ("protocol", "runtime", "parity", "source", "versions")
+_FIELDS = {("model", "format"): str, ("index", "kind"): str, ("index", "count"): int}
+
+
+def _check_shapes(m: dict[str, Any], mpath: Path) -> None:
+    """A manifest edited by hand can hold valid JSON of the wrong shape ("protocol": "x"), which
+    `bundle verify` passed and `ask` or `bundle info` then died on with a traceback."""
+    for key in _OPTIONAL_OBJECTS:
+        if m.get(key) is not None and not isinstance(m[key], dict):
+            raise InputError(f'malformed bundle manifest: "{key}" must be an object or null', mpath)
+    for (section, key), kind in _FIELDS.items():
+        value = m[section].get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise InputError(f'malformed bundle manifest: "{section}.{key}" must be '
+                             f'{"a string" if kind is str else "an integer"}', mpath)
 
 
 def _safe_relative(name: str) -> bool:
@@ -263,13 +286,15 @@ def find_parity(model: Path) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
-def place(src: Path, dst: Path) -> None:
-    """Put a copy of `src` at `dst`, atomically.
+def place(src: Path, dst: Path, placed: set[Path] | None = None) -> None:
+    """Put a copy of `src` at `dst`, atomically; `dst` is added to `placed`.
 
     A copy, not a hard link: a link would share the bytes, so damage to the
     bundle (or an edit in place) would also change the model or index it was
     made from, and `verify` could not tell the two apart.
     """
+    if placed is not None:
+        placed.add(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     st = src.stat()
     if dst.is_file() and (dst.stat().st_size, dst.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns):
@@ -292,7 +317,7 @@ def _tree_files(d: Path) -> list[Path]:
                                                                       for part in p.relative_to(d).parts))
 
 
-def add_model(model: str | Path, work: Path) -> dict[str, Any]:
+def add_model(model: str | Path, work: Path, placed: set[Path] | None = None) -> dict[str, Any]:
     """Place a model (GGUF file, ONNX or transformers folder) under work/model; its manifest entry."""
     from ..engines import gguf_file, model_kind
 
@@ -301,12 +326,12 @@ def add_model(model: str | Path, work: Path) -> dict[str, Any]:
     dst = work / "model"
     if kind == "gguf":
         f = gguf_file(src)
-        place(f, dst / f.name)
+        place(f, dst / f.name, placed)
         entry = {"format": "gguf", "path": f"model/{f.name}", "source": f.name,
                  "chat_template": gguf_chat_template(f)}
     else:
         for f in _tree_files(src):
-            place(f, dst / f.relative_to(src))
+            place(f, dst / f.relative_to(src), placed)
         from ..engines.onnx_genai import template_from_folder
 
         t = template_from_folder(src)
@@ -314,7 +339,7 @@ def add_model(model: str | Path, work: Path) -> dict[str, Any]:
     parity = find_parity(src if kind != "gguf" else gguf_file(src))
     entry["parity_file"] = None
     if parity is not None:
-        place(parity, dst / parity.name)
+        place(parity, dst / parity.name, placed)
         entry["parity_file"] = f"model/{parity.name}"
     return entry
 
@@ -350,7 +375,7 @@ def gguf_chat_template(path: Path) -> str | None:
         llm.close()
 
 
-def add_index(index: str | Path, work: Path) -> dict[str, Any]:
+def add_index(index: str | Path, work: Path, placed: set[Path] | None = None) -> dict[str, Any]:
     """Place an index folder (sizes checked) under work/index; its manifest entry."""
     from ..retrieval.build import verify_files
     from ..retrieval.compact import MANIFEST_FILE
@@ -358,12 +383,13 @@ def add_index(index: str | Path, work: Path) -> dict[str, Any]:
     src = Path(index).expanduser()
     m = verify_files(src, full=False)
     for name in [*m["files"], MANIFEST_FILE]:
-        place(src / name, work / "index" / name)
+        place(src / name, work / "index" / name, placed)
     return {"path": "index", "kind": m["kind"], "count": m["count"], "encoder": m.get("encoder"),
             "params": m.get("params") or {}}
 
 
-def add_encoder(index_entry: dict[str, Any], work: Path, encoder: str | Path | None = None) -> dict[str, Any] | None:
+def add_encoder(index_entry: dict[str, Any], work: Path, encoder: str | Path | None = None,
+                placed: set[Path] | None = None) -> dict[str, Any] | None:
     """Place the query encoder a dense index needs under work/encoder; its manifest entry (None: BM25)."""
     from ..retrieval.encoders import MINILM_NAME, minilm_dir, minilm_int8_path
 
@@ -373,11 +399,11 @@ def add_encoder(index_entry: dict[str, Any], work: Path, encoder: str | Path | N
     dst = work / "encoder"
     src = encoder_source(spec, encoder)
     if src is None:
-        place(minilm_int8_path(), dst / "model.onnx")
-        place(minilm_dir() / "tokenizer.json", dst / "tokenizer.json")
+        place(minilm_int8_path(), dst / "model.onnx", placed)
+        place(minilm_dir() / "tokenizer.json", dst / "tokenizer.json", placed)
         return {"format": "minilm-int8-onnx", "path": "encoder", "name": MINILM_NAME}
     for f in _tree_files(src):
-        place(f, dst / f.relative_to(src))
+        place(f, dst / f.relative_to(src), placed)
     return {"format": "transformers", "path": "encoder", "name": spec.get("name")}
 
 
@@ -505,23 +531,35 @@ def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: 
     check_inputs(model, index, encoder)
     emit = progress or _no_progress
     work = claim_partial(out.with_name(out.name + ".partial"))
+    placed: set[Path] = set()
     emit("model", 0, 1)
-    model_entry = add_model(model, work)
+    model_entry = add_model(model, work, placed)
     emit("model", 1, 1)
     emit("index", 0, 1)
-    index_entry = add_index(index, work)
-    enc_entry = add_encoder(index_entry, work, encoder)
+    index_entry = add_index(index, work, placed)
+    enc_entry = add_encoder(index_entry, work, encoder, placed)
     emit("index", 1, 1)
     for rel, src in (extra or {}).items():
         if not _safe_relative(rel):
             raise ValueError(f"{rel!r} is not a relative path")
-        place(Path(src), work / rel)
+        place(Path(src), work / rel, placed)
+    drop_unplaced(work, placed)
     fields = {"model": model_entry, "parity": read_parity(work, model_entry), "index": index_entry,
               "encoder": enc_entry, "protocol": protocol_settings(config or ProtocolConfig()),
               "runtime": {"gpu_layers": int(gpu_layers)},
               "source": source or {"model": str(Path(model).expanduser().resolve()),
                                    "index": str(Path(index).expanduser().resolve())}}
     return finish(work, out, fields, emit, overwrite=overwrite)
+
+
+def drop_unplaced(work: Path, placed: set[Path]) -> None:
+    """Delete what a crashed earlier build left in B.partial that this one did not place: a rerun
+    with another model or index would otherwise list the old one's files in the manifest too
+    (the old GGUF beside the new, a dense index's vectors under a BM25 one, a shard of another
+    checkpoint in the model folder, where an engine would open it)."""
+    for f in _tree_files(work):
+        if f not in placed:
+            f.unlink()
 
 
 def describe_files(names: Iterable[str]) -> dict[str, int]:

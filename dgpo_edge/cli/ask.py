@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from ..errors import InputError
 from ..termtext import printable
-from .common import (GPU_LAYERS_HELP, check_search_options, console, err_console, max_searches_of,
+from .common import (GPU_LAYERS_HELP, check_search_options, check_utf8, console, err_console, max_searches_of,
                      max_searches_option, old_max_turns_option, top_k_option, user_errors)
 
 BUNDLE_HELP = "A bundle folder (default: the default bundle, built on first use)."
@@ -63,6 +63,7 @@ def ask(
 
     if not question.strip():
         raise InputError("the question is empty")
+    check_utf8(question, "the question")
     if timeout is not None and not 0 < timeout < math.inf:   # nan passes `<= 0` and never times out
         raise InputError(f"--timeout must be a number of seconds > 0, got {timeout}")
     if temperature < 0:

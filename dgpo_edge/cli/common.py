@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from ..errors import InputError
 from ..protocol import MAX_SEARCHES, MAX_TOP_K
+from ..termtext import not_utf8, printable
 
 F = TypeVar("F", bound=Callable)
 
@@ -53,6 +54,12 @@ def working(message: str) -> Iterator[None]:
         timer.cancel()
 
 
+def check_utf8(text: str, what: str) -> None:
+    """Refuse argv bytes that were not UTF-8 (the engine would fail on them only after the model loaded)."""
+    if bad := not_utf8(text, argv=True):
+        raise InputError(f"{what} is not valid UTF-8 text ({bad})")
+
+
 def _isatty(stream: Any) -> bool:
     try:
         return stream.isatty()
@@ -61,8 +68,9 @@ def _isatty(stream: Any) -> bool:
 
 
 def fail(message: str, status: int = 2) -> NoReturn:
-    """Print `error: MESSAGE` as one line on stderr and exit with `status`."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    """Print `error: MESSAGE` as one line on stderr and exit with `status`. The message may name a
+    file whose name holds terminal escapes (a note in a downloaded folder): they are removed."""
+    err_console.print(f"[bold red]error:[/] {escape(printable(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(status) from None
 
 

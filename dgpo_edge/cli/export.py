@@ -58,8 +58,11 @@ def gguf_command(
         path = write_gguf(model, out, quant=quant, pre=pre, threads=threads)
     if not as_json:
         console.print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)", highlight=False)
+    # an earlier export's check no longer describes the file: gone before the new check runs, so a
+    # check interrupted or failing (Ctrl-C, a model transformers cannot load) leaves none behind for
+    # `export bundle` to copy into a manifest as this file's parity
+    parity_path(path).unlink(missing_ok=True)
     if not verify:
-        parity_path(path).unlink(missing_ok=True)  # an old check no longer describes the file
         return
     with working("checking parity with transformers"):
         result = verify_gguf(model, path, quant.lower(), threads=threads)

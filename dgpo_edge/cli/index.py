@@ -16,7 +16,7 @@ from rich.table import Table
 from ..errors import InputError
 from ..progress import add_stage, stage_progress
 from ..termtext import printable
-from .common import console, err_console, user_errors
+from .common import check_utf8, console, err_console, user_errors
 
 app = typer.Typer(help="Build, compact, search and serve retrieval indexes.", no_args_is_help=True)
 
@@ -123,8 +123,8 @@ def _print_update(r: dict) -> None:
         console.print(f"up to date: {r['unchanged']} file(s) unchanged, {r['count']:,} passages", highlight=False)
         return
     for what in ("added", "changed", "deleted"):
-        for path in r[what]:
-            console.print(f"  {what} {escape(path)}", highlight=False)
+        for path in r[what]:   # a file name may hold terminal escapes (a downloaded archive's)
+            console.print(f"  {what} {escape(printable(path))}", highlight=False)
     how = "rebuilt (grown past the retraining factor)" if r["retrained"] else "updated in place"
     console.print(f"{how}: {len(r['added'])} added, {len(r['changed'])} changed, {len(r['deleted'])} deleted, "
                   f"{r['unchanged']} unchanged file(s); +{r['passages_added']} -{r['passages_removed']} passages, "
@@ -188,7 +188,7 @@ def search(
     """Search an index and print the top passages."""
     if not query.strip():
         raise InputError("the query is empty")
-    _check_utf8(query)
+    check_utf8(query, "the query")
     from ..retrieval.retrievers import open_index
     from ..retrieval.server import result_json
 
@@ -224,16 +224,6 @@ def info(
     print_documents(manifest)
 
 
-def _check_utf8(query: str) -> None:
-    """Refuse argv bytes that were not UTF-8: Python keeps them as lone surrogates, which no encoder takes."""
-    try:
-        query.encode("utf-8")
-    except UnicodeEncodeError as e:
-        char = ord(query[e.start])
-        byte = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"U+{char:04X}"
-        raise InputError(f"the query is not valid UTF-8 text ({byte} at character {e.start + 1})") from None
-
-
 def _print_info(index: Path, m: dict, verified: bool = False) -> None:
     table = Table(title=f"index {index}", show_header=False)
     table.add_row("kind", m["kind"])
@@ -257,8 +247,9 @@ def print_documents(m: dict) -> None:
     types = ", ".join(f"{n} {suffix}" for suffix, n in docs["read_by_type"].items())
     console.print(f"read {docs['read']} file(s) ({types or 'none'}) into {docs['passages']:,} passages; "
                   f"skipped {len(docs['skipped'])}", highlight=False)
-    for s in docs["skipped"]:
-        console.print(f"  skipped {escape(s['path'])}: {escape(s['reason'])}", highlight=False)
+    for s in docs["skipped"]:   # names and parser messages come from the files: no terminal escapes
+        console.print(f"  skipped {escape(printable(s['path']))}: {escape(printable(s['reason']))}",
+                      highlight=False)
 
 
 @app.command("serve")

@@ -141,7 +141,7 @@ def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder
     created = not out.exists()
     work = claim_work_folder(out)
     with _locked(work):
-        state = _open_state(work, corpus_fingerprint(corpus, fmt, emit))
+        state = _open_state(work, _fingerprint(corpus, fmt, work, out, created, emit))
         store = _ensure_store(corpus, work, state, bm25, emit, created, out)
         try:
             count, compression = len(store), store.compression
@@ -190,19 +190,40 @@ def corpus_fingerprint(corpus: str | Path, fmt: str | None = None,
         files = [("corpus.jsonl", corpus / "corpus.jsonl")]
     else:
         files = [(corpus.name, corpus)] if corpus.is_file() else _text_files(corpus)
-    sizes = [f.stat().st_size for _, f in files]
-    total, done = sum(sizes), 0
+    sizes = [_size(f, fmt) for _, f in files]
+    total, done = sum(size or 0 for size in sizes), 0
     entries = []
     for (rel, path), size in zip(files, sizes):
+        if size is None:
+            continue
         h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(8 << 20):
-                h.update(block)
-                done += len(block)
-                if progress is not None:
-                    progress("fingerprint", done, total)
+        try:
+            with open(path, "rb") as f:
+                while block := f.read(8 << 20):
+                    h.update(block)
+                    done += len(block)
+                    if progress is not None:
+                        progress("fingerprint", done, total)
+        except OSError as e:
+            _unreadable(path, fmt, e)
+            continue   # a note the reader will record as skipped, with the reason; not in the digest
         entries.append((rel, size, h.hexdigest()))
     return source_fingerprint(source_name(corpus), fmt, entries)
+
+
+def _size(path: Path, fmt: str) -> int | None:
+    """A file's size; None for a note that cannot be read (it is skipped, as `read_document` does)."""
+    try:
+        return path.stat().st_size
+    except OSError as e:
+        _unreadable(path, fmt, e)
+        return None
+
+
+def _unreadable(path: Path, fmt: str, e: OSError) -> None:
+    """A jsonl corpus that cannot be read is an error naming it; one note of a folder is only skipped."""
+    if fmt != "text":
+        raise InputError(f"cannot read it ({e.strerror or type(e).__name__})", path) from None
 
 
 def source_name(path: Path) -> str:
@@ -240,6 +261,25 @@ def claim_work_folder(out: Path) -> Path:
     (work / WORK_MARKER).write_text("made by `dgpo-edge index build`: its resumable work, removed when the "
                                     "build ends\n", encoding="utf-8")
     return work
+
+
+def _discard_work(work: Path, out: Path, created: bool) -> None:
+    """After bad input: remove the work folder, and `out` when this build made it (it is empty then)."""
+    shutil.rmtree(work, ignore_errors=True)
+    if created:
+        with contextlib.suppress(OSError):
+            out.rmdir()
+
+
+def _fingerprint(corpus: Path, fmt: str, work: Path, out: Path, created: bool,
+                 emit: Progress) -> dict[str, Any]:
+    """`corpus_fingerprint`, leaving no trace when the corpus cannot be read (a jsonl file without
+    read permission): the folders made for the build would only stand in the way."""
+    try:
+        return corpus_fingerprint(corpus, fmt, emit)
+    except InputError:
+        _discard_work(work, out, created)
+        raise
 
 
 def _open_state(work: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
@@ -309,10 +349,7 @@ def _ensure_store(corpus: Path, work: Path, state: dict[str, Any], bm25: bool, e
         store = PassageStore.build(path, iter_corpus(corpus, report=report), progress=step, fts=bm25)
     except InputError as e:
         # Bad input: nothing worth resuming. Leave no trace, and name the corpus if the store could not.
-        shutil.rmtree(work, ignore_errors=True)
-        if created:
-            with contextlib.suppress(OSError):
-                out.rmdir()
+        _discard_work(work, out, created)
         if e.path is None:
             raise InputError(e.message, corpus) from None
         raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -217,12 +218,17 @@ def iter_text_corpus(path: str | Path, words: int = DEFAULT_WORDS,
 
 def read_document(rel: str, file: Path, words: int = DEFAULT_WORDS) -> tuple[DocRecord, list[Passage]]:
     """One file's record and passages (ids `rel#k`); a file we cannot read gets a reason and none."""
+    if rel.endswith("/"):   # a folder `_text_files` could not list
+        return _skipped_record(rel, file, f"could not be listed ({_list_error(file)})"), []
     if not file.name.lower().endswith(READABLE_SUFFIXES):
         record = record_for(rel, file, None)
         record.reason = unsupported_reason(file.name)
         return record, []
-    data = file.read_bytes()
-    record = record_for(rel, file, data)
+    try:
+        data = read_regular_file(file)
+        record = record_for(rel, file, data)
+    except Skip as s:
+        return _skipped_record(rel, file, s.reason), []
     try:
         chunks = list(chunk_sections(document_sections(file, data), file_title(file.name), words))
     except Skip as s:
@@ -232,6 +238,39 @@ def read_document(rel: str, file: Path, words: int = DEFAULT_WORDS) -> tuple[Doc
         record.reason = "no text"
     record.passages = len(chunks)
     return record, [Passage(f"{rel}#{k}", f'"{title}"\n{text}') for k, (title, text) in enumerate(chunks)]
+
+
+def read_regular_file(file: Path) -> bytes:
+    """The bytes of a note, or Skip: a named pipe would block the build forever and a socket cannot be
+    opened, and a file that cannot be read (permissions, removed since the folder was listed) is one
+    note left out with its reason, not a traceback that stops the whole folder's build."""
+    try:
+        if not stat.S_ISREG(file.stat().st_mode):
+            raise Skip("not a regular file (a pipe, socket or device)")
+        return file.read_bytes()
+    except OSError as e:
+        raise Skip(f"could not be read ({e.strerror or type(e).__name__})") from None
+
+
+def _list_error(folder: Path) -> str:
+    """Why `folder` cannot be listed (asked again: os.walk's error is gone by the time it is read)."""
+    try:
+        with os.scandir(folder) as entries:
+            next(entries, None)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return "an error while the folder was walked"
+
+
+def _skipped_record(rel: str, file: Path, reason: str) -> DocRecord:
+    """The record of a file that could not be read: its size and mtime when it still has them, so
+    `index update` takes it as unchanged until it changes."""
+    try:
+        record = record_for(rel, file, None)
+    except OSError:   # removed since the folder was listed
+        record = DocRecord(rel, 0, 0, "")
+    record.reason = reason
+    return record
 
 
 def document_sections(file: Path, data: bytes) -> list[Section]:
@@ -246,6 +285,10 @@ def document_sections(file: Path, data: bytes) -> list[Section]:
     except UnicodeDecodeError as e:   # one note in another encoding does not stop a folder's build
         line = data.count(b"\n", 0, e.start) + 1
         raise Skip(f"not UTF-8 (line {line}, byte {e.start}: {e.reason}); save it as UTF-8") from None
+    if (nul := data.find(b"\0")) >= 0:   # valid UTF-8, yet no text file holds NUL: zeroed or binary data
+        line = data.count(b"\n", 0, nul) + 1
+        raise Skip(f"binary, not text (a NUL byte on line {line}, byte {nul}); if it is UTF-16 text, "
+                   "save it as UTF-8")
     return list(_sections(text.removeprefix("\ufeff"), suffix == ".md"))
 
 
@@ -253,17 +296,29 @@ def _text_files(root: Path, skipped: list[tuple[str, Path]] | None = None) -> li
     """(relative posix path, path) of the readable documents under `root`, sorted.
 
     os.walk without following symlinks: a link back up the tree cannot loop.
-    Other (non-hidden) files go to `skipped`, for the build's summary.
+    Other (non-hidden) files go to `skipped`, for the build's summary, and so does a
+    subfolder that cannot be listed, as `rel/` (which no file's path is).
     """
     found = []
-    for folder, dirs, names in os.walk(root):
+
+    def unlisted(e: OSError) -> None:
+        # os.walk would pass over it without a word: its notes would be missing from a build
+        # unsaid, and deleted from the index by an update
+        folder = Path(e.filename) if e.filename is not None else root
+        if folder == root:
+            raise InputError(f"cannot list this folder ({e.strerror or type(e).__name__})", root)
+        if skipped is not None:
+            skipped.append((folder.relative_to(root).as_posix() + "/", folder))
+
+    for folder, dirs, names in os.walk(root, onerror=unlisted):
         dirs[:] = _note_dirs(folder, dirs)
         for name in names:
             if not name.startswith("."):
                 file = Path(folder) / name
                 if leads_out(file, root):  # a link out of the tree is never read
                     continue
-                readable = name.lower().endswith(READABLE_SUFFIXES)
+                # only regular files are read (and hashed): a pipe named notes.md goes to `skipped`
+                readable = name.lower().endswith(READABLE_SUFFIXES) and file.is_file()
                 if readable or skipped is not None:
                     (found if readable else skipped).append((file.relative_to(root).as_posix(), file))
     return sorted(found)

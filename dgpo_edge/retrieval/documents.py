@@ -5,9 +5,9 @@ Each reader turns one file's bytes into sections, `(heading, paragraphs)`, which
 `corpus.chunk_sections` packs into ~100-word passages titled `file — heading`
 (markdown and HTML headings) or `file — p. N` (PDF pages). A file that cannot
 give text (a scanned PDF, an encrypted one, a page of only scripts, a type we
-do not read, a library that is not installed, a .txt or .md file that is not UTF-8)
-is *skipped with a reason* (for the encoding: the line and byte), which `DocReport`
-collects so `index build` can say what it left out.
+do not read, a library that is not installed, a .txt or .md file that is not UTF-8 or holds NUL
+bytes, a pipe or a file that cannot be opened) is *skipped with a reason* (for the encoding: the
+line and byte), which `DocReport` collects so `index build` can say what it left out.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..protocol import Passage
+from ..termtext import not_utf8
 from .base import Retriever
 from .bounded import DeadlineReader, HandlerPool, Lingerer
 from .http_checks import host_problem, is_loopback, json_type_problem, origin_problem
@@ -145,11 +146,8 @@ def _check_queries(queries: Any, limits: Limits) -> list[str]:
 
 def _check_unicode(text: str, name: str) -> None:
     """Refuse JSON's `\\ud800` escapes that decode to a lone surrogate: no encoder can take one."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ClientError(400, f"{name} is not valid Unicode text: a lone surrogate "
-                               f"(U+{ord(text[e.start]):04X}) at index {e.start}") from None
+    if bad := not_utf8(text):
+        raise ClientError(400, f"{name} is not valid Unicode text: {bad}")
 
 
 def _check_topk(topk: Any, limits: Limits) -> int:

@@ -43,8 +43,8 @@ from .base import Encoder, EncoderSpec
 from .build import (DEFAULT_WORDS, LOCK_FILE, WORK_MARKER, Progress, _locked, build_index, claim_work_folder,
                     install_files, source_entry, source_fingerprint, source_name, verify_files)
 from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, write_manifest
-from .corpus import _text_files, detect_format, read_document
-from .documents import READABLE_SUFFIXES, DocRecord, DocReport, record_for
+from .corpus import _text_files, detect_format, read_document, read_regular_file
+from .documents import READABLE_SUFFIXES, DocRecord, DocReport, Skip, record_for
 from .store import PassageStore, edit_store
 
 RETRAIN_FACTOR = 2.0
@@ -93,8 +93,8 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
     if not force:
         check_deletions(folder, m, changes)
     base = {**changes.report(), "count": m["count"], "retrained": False, "manifest": m}
-    if not (changes.add or changes.drop or changes.touched):
-        return base
+    if not (changes.add or changes.drop or changes.touched or changes.added or changes.changed or changes.deleted):
+        return base   # (a file added or changed without passages, a .docx say, still gets its record)
     count = m["count"] - len(changes.drop) + len(changes.add)
     trained_on = (m.get("params") or {}).get("trained_on")
     if m["kind"] in ("ivfpq", "hybrid") and trained_on and count > retrain_factor * trained_on:
@@ -158,7 +158,12 @@ def scan(folder: Path, old: dict[str, DocRecord], emit: Progress) -> Changes:
         (c.changed if prev is not None else c.added).append(rel)
         if prev is not None:
             c.drop.extend(f"{rel}#{k}" for k in range(prev.passages))
+    unlisted = tuple(rel for rel, _ in skipped if rel.endswith("/"))
     for rel, prev in sorted(old.items()):
+        if rel.startswith(unlisted):   # in a folder that could not be listed: not known to be gone
+            c.records.append(prev)
+            c.unchanged += 1
+            continue
         c.deleted.append(rel)
         c.drop.extend(f"{rel}#{k}" for k in range(prev.passages))
         c.deleted_passages += prev.passages
@@ -169,12 +174,15 @@ def _unchanged(prev: DocRecord | None, rel: str, file: Path) -> DocRecord | None
     """The file's record when its content is what `prev` recorded (a new record if only the mtime moved)."""
     if prev is None:
         return None
-    st = file.stat()
-    if st.st_size == prev.size and st.st_mtime_ns == prev.mtime_ns:
-        return prev
-    if st.st_size != prev.size or not file.name.lower().endswith(READABLE_SUFFIXES):
+    try:
+        st = file.stat()
+        if st.st_size == prev.size and st.st_mtime_ns == prev.mtime_ns:
+            return prev
+        if st.st_size != prev.size or not file.name.lower().endswith(READABLE_SUFFIXES):
+            return None
+        now = record_for(rel, file, read_regular_file(file))
+    except (OSError, Skip):   # gone or unreadable since listed: read_document records why
         return None
-    now = record_for(rel, file, file.read_bytes())
     if now.sha256 != prev.sha256:
         return None
     now.passages, now.reason = prev.passages, prev.reason
