@@ -287,6 +287,18 @@ def test_bundle_info_shows_parity_as_rows(tmp_path: Path, hf_model: Path, index_
     assert f"({own:,} bytes)" in r.flat, r.plain
 
 
+def test_bundle_info_shows_a_shared_bundles_manifest_as_plain_text(tmp_path: Path, hf_model: Path, index_dir: Path):
+    """A bundle from someone else: its manifest's strings were read as Rich markup ("[/]" made
+    `bundle info` fail) and kept their terminal escapes."""
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    m = json.loads((b.path / "manifest.json").read_text())
+    m["produced_by"] = "[bold]tool[/] \x1b]0;pwned\x07v1"
+    (b.path / "manifest.json").write_text(json.dumps(m))
+    r = invoke("bundle", "info", b.path)
+    assert r.exit_code == 0, r.output
+    assert "by [bold]tool[/] v1" in r.flat and "\x1b]0" not in r.output
+
+
 def test_gpu_layers_recorded_in_the_bundle_and_used_as_the_default(tmp_path: Path, hf_model: Path,
                                                                    index_dir: Path, monkeypatch):
     import dgpo_edge.engines

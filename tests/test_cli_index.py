@@ -633,3 +633,19 @@ def test_nlist_range_message_does_not_leak_a_placeholder(tmp_path):
     line = assert_one_line_error(invoke("index", "build", corpus, "--out", tmp_path / "o", "--nlist", "0"),
                                  "--nlist 0")
     assert "1099511627776" not in line
+
+
+def test_info_shows_a_shared_indexs_manifest_as_plain_text(flat_index, tmp_path):
+    """An index from someone else: its manifest's strings went to the table as Rich markup ("[bold]"
+    rendered, "[/]" an error) and with their terminal escapes."""
+    import shutil
+
+    shared = tmp_path / "shared[x]"
+    shutil.copytree(flat_index, shared)
+    m = manifest(shared)
+    m["produced_by"] = "[bold]tool[/] \x1b]0;pwned\x07v1"
+    (shared / "manifest.json").write_text(json.dumps(m))
+    result = invoke("index", "info", shared)
+    assert result.exit_code == 0, result.output
+    assert "[bold]tool[/] v1" in result.plain and "\x1b]0" not in result.output
+    assert "shared[x]" in result.plain

@@ -8,10 +8,9 @@ from typing import Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from ..errors import InputError
-from .common import console, err_console, user_errors
+from .common import PlainTable, console, err_console, user_errors
 
 app = typer.Typer(help="Inspect and verify bundles (model + index + query encoder + manifest).",
                   no_args_is_help=True)
@@ -53,7 +52,7 @@ def print_info(b: Any, verified: bool = False) -> None:
     from ..bundle.core import manifest_max_searches
 
     m = b.manifest
-    table = Table(title=f"bundle {b.path}", show_header=False)
+    table = PlainTable(f"bundle {b.path}", show_header=False)
     model = m["model"]
     # the model's own file (a GGUF) or folder, without the parity JSON bundled beside or inside it
     path = model["path"].rstrip("/")

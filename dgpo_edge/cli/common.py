@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from ..errors import InputError
 from ..protocol import MAX_SEARCHES, MAX_TOP_K
@@ -65,6 +67,22 @@ def _isatty(stream: Any) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):   # no such method, or a closed stream
         return False
+
+
+class PlainTable(Table):
+    """A Rich table whose title and cells are plain text. Manifests (an index's, a bundle's) can come
+    from someone else: their strings are never read as markup ("[bold]", or "[/]", an error) and
+    lose their terminal escapes."""
+
+    def __init__(self, title: str, **kwargs: Any):
+        super().__init__(title=plain(title), **kwargs)
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        super().add_row(*(plain(c) for c in cells), **kwargs)
+
+
+def plain(text: Any) -> Text:
+    return Text(printable(str(text)))
 
 
 def fail(message: str, status: int = 2) -> NoReturn:

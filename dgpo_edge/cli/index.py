@@ -11,12 +11,11 @@ from typing import Optional
 import typer
 from rich.markup import escape
 from rich.progress import Progress
-from rich.table import Table
 
 from ..errors import InputError
 from ..progress import add_stage, stage_progress
 from ..termtext import printable
-from .common import check_utf8, console, err_console, user_errors
+from .common import PlainTable, check_utf8, console, err_console, user_errors
 
 app = typer.Typer(help="Build, compact, search and serve retrieval indexes.", no_args_is_help=True)
 
@@ -225,7 +224,7 @@ def info(
 
 
 def _print_info(index: Path, m: dict, verified: bool = False) -> None:
-    table = Table(title=f"index {index}", show_header=False)
+    table = PlainTable(f"index {index}", show_header=False)
     table.add_row("kind", m["kind"])
     enc = m.get("encoder")
     table.add_row("encoder", "none (BM25)" if not enc else f"{enc['name']} ({enc['variant']}, dim {enc['dim']})")
