@@ -6,3 +6,7 @@ SHIPPED_WEIGHTS="factbook=0.5 cities=0.1 dictionary=0.1 elements=0.08 notes=0.07
 # to see whether reading the field a question names carries to notes held out. Measured on 2026-11-29
 # (docs/worlds.md, "records"): it did not (KD student on held-out notes 0.211, 0.174 without records).
 RECORDS_WEIGHTS="$SHIPPED_WEIGHTS records=0.1"
+# The shipped mixture plus the catalog world (docs/worlds.md, "catalog"): cards like records' with none
+# of their field names, layouts or question forms, so that records held out still test reading cards
+# never seen while the skill stays in training. Not trained yet.
+CATALOG_WEIGHTS="$SHIPPED_WEIGHTS catalog=0.1"

@@ -1,4 +1,4 @@
-"""The worlds registry (issue 19): elements, cities, dictionary, notes and records, built small.
+"""The worlds registry (issue 19): elements, cities, dictionary, notes, records and catalog, built small.
 
 Each world is built once per module at a small --size, and again at the same
 time in a fresh interpreter with another hash seed, so the determinism test
@@ -33,7 +33,7 @@ from dgpo_edge.worlds.source import package_file
 
 from cli_helpers import assert_one_line_error, invoke
 
-SIZES = {"elements": 40, "cities": 160, "dictionary": 300, "notes": 40, "records": 90}
+SIZES = {"elements": 40, "cities": 160, "dictionary": 300, "notes": 40, "records": 90, "catalog": 90}
 _TWIN = ("import sys\nfrom dgpo_edge.worlds.registry import build\n"
          "build(sys.argv[1], sys.argv[2], seed=0, size=int(sys.argv[3]))\n")
 
@@ -106,7 +106,8 @@ def test_question_rows(built):
 
 
 def registry_prefix(built: Built) -> str:
-    return {"elements": "elem", "cities": "city", "dictionary": "dict", "notes": "notes", "records": "rec"}[built.name]
+    return {"elements": "elem", "cities": "city", "dictionary": "dict", "notes": "notes", "records": "rec",
+            "catalog": "cat"}[built.name]
 
 
 def test_every_gold_answer_is_in_its_evidence(built):
@@ -209,20 +210,50 @@ def test_records_ask_for_fields_no_notes_relation_is_named_like():
     assert not set(records.FIRST) & set(people.FIRST)
 
 
-def test_records_links_agree_with_each_other():
-    from dgpo_edge.worlds import records
-    rs = records.make_records(200, seed=3)
+@pytest.mark.parametrize("world, pair", [("RECORDS", "sister ship"), ("CATALOG", "sister engine")])
+def test_card_links_agree_with_each_other(world, pair):
+    from dgpo_edge.worlds import catalog, records
+    cards = getattr(records, world, None) or getattr(catalog, world)
+    rs = records.make_records(200, 3, cards)
     by_title = {r.title: r for r in rs}
     for r in rs:
-        for label in set(records.SYMMETRIC) & set(r.values):
+        for label in set(cards.symmetric) & set(r.values):
             other = by_title[r.values[label]]
             assert other is not r and other.kind is r.kind
-        for label, inverted in records.INVERSE.items():
+        for label, inverted in cards.inverse.items():
             if label in r.values and any(o.values.get(inverted) == r.title for o in rs):
                 assert by_title[r.values[label]].values[inverted] == r.title   # one of its own bands/shops
-    pairs = [(r.title, r.values["sister ship"]) for r in rs if "sister ship" in r.values]
-    mutual = sum(by_title[b].values["sister ship"] == a for a, b in pairs)
-    assert mutual >= len(pairs) - 1                     # all but an odd one out name each other
+    pairs = [(r.title, r.values[pair]) for r in rs if pair in r.values]
+    mutual = sum(by_title[b].values[pair] == a for a, b in pairs)
+    assert pairs and mutual >= len(pairs) - 1           # all but an odd one out name each other
+
+
+def test_records_are_what_they_were_before_catalog_shared_their_machinery(tmp_path):
+    """worlds/records.py became the machinery of two worlds: records' files (seed 3, 90 records) are
+    byte for byte those it wrote before, so mixtures and results made from records stay valid."""
+    registry.build("records", tmp_path, seed=3, size=90)
+    assert {name: _sha256(tmp_path / name)[:16] for name in FILES if name.endswith(".jsonl")} == {
+        "corpus.jsonl": "9640235ff9e85868", "dev.jsonl": "395dc7ab04794e92", "oracle.jsonl": "783a770e20195cec",
+        "test.jsonl": "935d31b87c05cf6a", "train.jsonl": "5a03305839e96904"}
+
+
+def test_catalog_shares_nothing_with_records_or_notes():
+    """Held-out records measure reading cards never seen only if catalog, in training, shares none of
+    their field names, kinds, layouts, question forms or people, nor a word with a notes relation."""
+    from dgpo_edge.worlds import records
+    from dgpo_edge.worlds.catalog import CATALOG
+    from dgpo_edge.worlds.notes import people, questions
+    notes_words = {w.lower() for key, (_, label) in questions.FACT.items() for w in (*key.split("_"), *label.split())}
+    notes_words |= {w for key in questions.CHAIN for w in key.split("_")}
+    words = {w.removesuffix("'s").lower() for label in CATALOG.field_labels for w in label.split()}
+    assert len(CATALOG.field_labels) == 60 and not words & notes_words, words & notes_words
+    r = records.RECORDS
+    assert not set(CATALOG.field_labels) & set(r.field_labels)
+    assert not {k.name for k in CATALOG.kinds} & {k.name for k in r.kinds}
+    assert not set(CATALOG.first) & (set(r.first) | set(people.FIRST))
+    assert not set(CATALOG.layouts) & set(r.layouts) and CATALOG.intro != r.intro
+    assert not set(CATALOG.person_forms + CATALOG.other_forms) & set(r.person_forms + r.other_forms)
+    assert not {t for ts in CATALOG.compare.values() for t in ts} & {t for ts in r.compare.values() for t in ts}
 
 
 def test_records_chains_follow_a_link_to_the_linked_record(tmp_path):

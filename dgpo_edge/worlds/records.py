@@ -10,6 +10,9 @@ notes world (no owner, room, team, date, ...; a test checks it), so notes stay a
 when records are in the mixture.
 
 Everything comes from the seed: invented names, towns and people, one passage per record.
+The machinery here makes any world of such cards from a `CardWorld` (its kinds, fields, layouts
+and question forms): `records` is one, and `catalog` (worlds/catalog.py) another with none of its
+field names, layouts or question forms, so records can be held out while the skill stays in training.
 Questions ask for one field (1 hop), for a field of the record another one links to (2 hops:
 "Who is the curator of the partner museum of the Orvane Museum?"), or compare a number
 field of two records of one kind.
@@ -28,9 +31,7 @@ from .facts import Fact, Relation, bridge_question, comparison_question, fact_qu
 from .phrasing import Phraser
 from .pipeline import WorldSpec, assign_splits, build_world, check_holdout
 
-SPEC = WorldSpec(kind="records", source="generated", prefix="rec")
 DEFAULT_RECORDS = 360
-MIN_RECORDS = 18   # two of each kind, so every link has somewhere to point
 MAX_RECORDS = 5000   # names come from 20,360 syllable words, and a build takes about 3 per record
 
 # first names not used by the notes world (a test checks it), surnames made from syllables
@@ -103,23 +104,57 @@ KINDS = (
         P("head gardener"), T("garden town"), Y("year founded"), Field("glasshouses", "number"),
         Field("signature plant", "pool", "signature plant"), Field("twin garden", "link", "garden"))),
 )
-SYMMETRIC = tuple(f.label for k in KINDS for f in k.fields if f.kind == "link" and f.arg == k.name)  # own kind
-INVERSE = {"biggest act": "record label", "main buyer": "supplier"}        # field -> the link it inverts
-FIELD_LABELS = tuple(dict.fromkeys(f.label for k in KINDS for f in k.fields))
 COMPARE = {"year": ("Which is older, {a} or {b}?", "{a} or {b}: which came first",
                     "was {a} or {b} there earlier"),
            "number": ("Which has more {f}, {a} or {b}?", "{a} vs {b} {f}")}
 
 
-def relations() -> dict[str, Relation]:
-    """One relation per field label: generic surface forms around the label, person fields as 'who'."""
+@dataclass(frozen=True, eq=False)
+class CardWorld:
+    """A world of generated record cards: what its cards hold and how it writes and asks about them."""
+
+    spec: WorldSpec
+    kinds: tuple[Kind, ...]
+    first: tuple[str, ...]                 # people's first names (surnames are invented words)
+    pools: dict[str, tuple[str, ...]]      # a "pool" field's values, by pool name
+    layouts: tuple[str, ...]               # how a field is written ({F} the label capitalised, {f}, {v}); one per card
+    intro: str                             # the card's first sentence ({Name}, {kind})
+    person_forms: tuple[str, ...]          # question forms of a person field ({f}, {x})
+    other_forms: tuple[str, ...]           # ... of any other field
+    compare: dict[str, tuple[str, ...]]    # comparison forms by field kind (year, number)
+    inverse: dict[str, str]                # link field -> the link it inverts (a label's biggest act)
+
+    @property
+    def name(self) -> str:
+        return self.spec.kind
+
+    @property
+    def symmetric(self) -> tuple[str, ...]:
+        """Link fields that point at a card of their own kind: they come in pairs (sister ships)."""
+        return tuple(f.label for k in self.kinds for f in k.fields if f.kind == "link" and f.arg == k.name)
+
+    @property
+    def field_labels(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f.label for k in self.kinds for f in k.fields))
+
+
+RECORDS = CardWorld(
+    WorldSpec(kind="records", source="generated", prefix="rec"), KINDS, FIRST, POOLS,
+    layouts=("{F}: {v}.", "Its {f} is {v}.", "{f} - {v};"), intro="{Name} is a {kind}.",
+    person_forms=("Who is the {f} of {x}?", "name the {f} of {x}", "who's {x}'s {f}", "{x} {f}", "{f} of {x}"),
+    other_forms=("What is the {f} of {x}?", "what's {x}'s {f}", "Tell me the {f} of {x}.", "{x} {f}", "{f} of {x}"),
+    compare=COMPARE, inverse={"biggest act": "record label", "main buyer": "supplier"})
+# the records world's parts by their old names (tests and scripts read them)
+SYMMETRIC, INVERSE, FIELD_LABELS, LAYOUTS = RECORDS.symmetric, RECORDS.inverse, RECORDS.field_labels, RECORDS.layouts
+
+
+def relations(world: CardWorld = RECORDS) -> dict[str, Relation]:
+    """One relation per field label: the world's question forms around the label, person fields as 'who'."""
     out = {}
-    for k in KINDS:
+    for k in world.kinds:
         for f in k.fields:
-            lead = (("Who is the {f} of {x}?", "name the {f} of {x}", "who's {x}'s {f}") if f.kind == "person"
-                    else ("What is the {f} of {x}?", "what's {x}'s {f}", "Tell me the {f} of {x}."))
-            out[f.label] = Relation(f.label, tuple(t.replace("{f}", f.label) for t in lead + ("{x} {f}", "{f} of {x}")),
-                                    (f.label,))
+            forms = world.person_forms if f.kind == "person" else world.other_forms
+            out[f.label] = Relation(f.label, tuple(t.replace("{f}", f.label) for t in forms), (f.label,))
     return out
 
 
@@ -143,30 +178,31 @@ def _word(rng: random.Random, used: set[str]) -> str:
             return w
 
 
-def make_records(n: int, seed: int) -> list[Record]:
-    """`n` records, the kinds in turn; links point at another record of the kind they name."""
-    rng, used = random.Random(f"records-{seed}"), set()
+def make_records(n: int, seed: int, world: CardWorld = RECORDS) -> list[Record]:
+    """`n` cards, the kinds in turn; links point at another card of the kind they name."""
+    rng, used = random.Random(f"{world.name}-{seed}"), set()
     towns = [_word(rng, used) + rng.choice(TOWN_ENDS) for _ in range(max(12, n // 6))]
-    people = [f"{rng.choice(FIRST)} {_word(rng, used)}" for _ in range(n * 2)]
+    people = [f"{rng.choice(world.first)} {_word(rng, used)}" for _ in range(n * 2)]
     records = []
     for i in range(n):
-        kind = KINDS[i % len(KINDS)]
+        kind = world.kinds[i % len(world.kinds)]
         word = _word(rng, used)
         records.append(Record(f"{kind.name}:{word.lower()}", kind, rng.choice(kind.patterns).format(n=word), {}))
-    by_kind = {k.name: [r for r in records if r.kind is k] for k in KINDS}
+    by_kind = {k.name: [r for r in records if r.kind is k] for k in world.kinds}
+    symmetric = world.symmetric
     for r in records:
         for f in r.kind.fields:
-            if f.label not in SYMMETRIC and f.label not in INVERSE:
-                r.values[f.label] = _value(f, r, by_kind, rng, towns, people)
-    _pair(by_kind, rng)
-    _invert(records, by_kind, rng)
+            if f.label not in symmetric and f.label not in world.inverse:
+                r.values[f.label] = _value(f, r, by_kind, rng, towns, people, world.pools)
+    _pair(world, by_kind, rng)
+    _invert(world, records, by_kind, rng)
     return records
 
 
-def _pair(by_kind: dict[str, list[Record]], rng: random.Random) -> None:
+def _pair(world: CardWorld, by_kind: dict[str, list[Record]], rng: random.Random) -> None:
     """Symmetric links come in pairs: two sister ships name each other (an odd one out names any other)."""
-    for k in KINDS:
-        for label in (f.label for f in k.fields if f.label in SYMMETRIC):
+    for k in world.kinds:
+        for label in (f.label for f in k.fields if f.label in world.symmetric):
             _pair_up(list(by_kind[k.name]), label, rng)
 
 
@@ -179,19 +215,19 @@ def _pair_up(group: list[Record], label: str, rng: random.Random) -> None:
         last.values[label] = rng.choice([r for r in group if r is not last]).title
 
 
-def _invert(records: list[Record], by_kind: dict[str, list[Record]], rng: random.Random) -> None:
+def _invert(world: CardWorld, records: list[Record], by_kind: dict[str, list[Record]], rng: random.Random) -> None:
     """An inverse link agrees with the link it inverts: a label's biggest act is one of its bands,
     a workshop's main buyer one of the shops it supplies, when there is one."""
     for r in records:
         for f in r.kind.fields:
-            if f.label in INVERSE:
+            if f.label in world.inverse:
                 others = by_kind[f.arg]
-                theirs = [o for o in others if o.values.get(INVERSE[f.label]) == r.title]
+                theirs = [o for o in others if o.values.get(world.inverse[f.label]) == r.title]
                 r.values[f.label] = rng.choice(theirs or others).title
 
 
 def _value(f: Field, r: Record, by_kind: dict[str, list[Record]], rng: random.Random, towns: list[str],
-           people: list[str]) -> str:
+           people: list[str], pools: dict[str, tuple[str, ...]]) -> str:
     if f.kind == "person":
         return rng.choice(people)
     if f.kind == "town":
@@ -201,7 +237,7 @@ def _value(f: Field, r: Record, by_kind: dict[str, list[Record]], rng: random.Ra
     if f.kind == "colour":
         return rng.choice(COLOURS)
     if f.kind == "pool":
-        return rng.choice(POOLS[f.arg])
+        return rng.choice(pools[f.arg])
     if f.kind == "number":
         return f"{rng.randrange(2, 900)}" + (f" {f.arg}" if f.arg else "")
     if f.kind == "money":
@@ -211,11 +247,8 @@ def _value(f: Field, r: Record, by_kind: dict[str, list[Record]], rng: random.Ra
     return rng.choice([o for o in by_kind[f.arg] if o is not r]).title
 
 
-LAYOUTS = ("{F}: {v}.", "Its {f} is {v}.", "{f} - {v};")   # a record is written in one of them
-
-
-def passage(r: Record, pid: str, layout: str) -> WorldPassage:
-    lines = [f"{r.name[0].upper() + r.name[1:]} is a {r.kind.name}."]
+def passage(r: Record, pid: str, layout: str, world: CardWorld = RECORDS) -> WorldPassage:
+    lines = [world.intro.format(Name=r.name[0].upper() + r.name[1:], kind=r.kind.name)]
     lines += [layout.format(F=f.label[0].upper() + f.label[1:], f=f.label, v=r.values[f.label]) for f in r.kind.fields]
     return WorldPassage(pid, r.title, " ".join(lines))
 
@@ -230,8 +263,9 @@ def facts(r: Record, pid: str) -> dict[str, Fact]:
     return out
 
 
-def questions(records: list[Record], fs: dict[str, dict[str, Fact]], seed: int) -> list[Question]:
-    ph, rng, rels = Phraser(seed, "records"), random.Random(f"records-questions-{seed}"), relations()
+def questions(records: list[Record], fs: dict[str, dict[str, Fact]], seed: int,
+              world: CardWorld = RECORDS) -> list[Question]:
+    ph, rng, rels = Phraser(seed, world.name), random.Random(f"{world.name}-questions-{seed}"), relations(world)
     by_title = {r.title: r for r in records}
     out: list[Question] = []
     for r in records:
@@ -243,7 +277,7 @@ def questions(records: list[Record], fs: dict[str, dict[str, Fact]], seed: int) 
                 phrase = f"the {link.label} of {r.name}"
                 out.append(bridge_question(ph, rels, fs[r.key][link.label], fs[other.key][target], phrase,
                                            (f"{r.name} {link.label}", r.name)))
-    for kind in KINDS:   # neighbours of one kind, each pair once, on a year or a number field
+    for kind in world.kinds:   # neighbours of one kind, each pair once, on a year or a number field
         group = [r for r in records if r.kind is kind]
         for a, b in zip(group, group[1:]):
             f = rng.choice([f for f in kind.fields if f.kind in ("year", "number")])
@@ -251,7 +285,7 @@ def questions(records: list[Record], fs: dict[str, dict[str, Fact]], seed: int) 
             if va == vb:
                 continue
             win = (a if va < vb else b) if f.kind == "year" else (a if va > vb else b)
-            templates = tuple(t.replace("{f}", f.label) for t in COMPARE[f.kind])
+            templates = tuple(t.replace("{f}", f.label) for t in world.compare[f.kind])
             out.append(comparison_question(ph, rels, fs[a.key][f.label], fs[b.key][f.label],
                                            fs[win.key][f.label], templates))
     return out
@@ -260,16 +294,23 @@ def questions(records: list[Record], fs: dict[str, dict[str, Fact]], seed: int) 
 def build_records(out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
                   say: Callable[[str], None] = lambda msg: None) -> dict:
     """Build the records world into `out` (`size`: how many records; default 360)."""
+    return build_cards(RECORDS, out, seed, holdout, size, say)
+
+
+def build_cards(world: CardWorld, out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+                say: Callable[[str], None] = lambda msg: None) -> dict:
+    """Build a world of cards into `out` (`size`: how many cards; default 360)."""
     check_holdout(holdout)
     n = size or DEFAULT_RECORDS
-    if not MIN_RECORDS <= n <= MAX_RECORDS:
-        raise InputError(f"--size for records counts records: {MIN_RECORDS} to {MAX_RECORDS:,}, got {n}")
+    least = 2 * len(world.kinds)   # two of each kind, so every link has somewhere to point
+    if not least <= n <= MAX_RECORDS:
+        raise InputError(f"--size for {world.name} counts records: {least} to {MAX_RECORDS:,}, got {n}")
     say(f"generating {n} records")
-    records = make_records(n, seed)
-    layout = random.Random(f"records-layout-{seed}")
+    records = make_records(n, seed, world)
+    layout = random.Random(f"{world.name}-layout-{seed}")
     passages, fs = [], {}
     for r in records:
-        passages.append(passage(r, str(len(passages)), layout.choice(LAYOUTS)))
+        passages.append(passage(r, str(len(passages)), layout.choice(world.layouts), world))
         fs[r.key] = facts(r, passages[-1].id)
     split_of = assign_splits([r.key for r in records], seed, holdout)
-    return build_world(out, SPEC, passages, questions(records, fs, seed), split_of, seed, say)
+    return build_world(out, world.spec, passages, questions(records, fs, seed, world), split_of, seed, say)

@@ -62,6 +62,9 @@ WORLDS = {w.name: w for w in (
     World("records", "dgpo_edge.worlds.records:build_records", "", "",
           "generated records of 360 clubs, ships, museums, bands and more, 57 field names: 360 passages, "
           "3,377 questions", size="records, 18 to 5,000"),
+    World("catalog", "dgpo_edge.worlds.catalog:build_catalog", "", "",
+          "generated catalogue cards of 360 recipes, wines, locomotives, theatres and more, 60 field names, none "
+          "of records': 360 passages, 3,423 questions", size="cards, 18 to 5,000"),
 )}
 
 
