@@ -14,6 +14,7 @@ from dgpo_edge.cli.main import app
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.M | re.S)
 OPERATORS = {"&&", "||", ";", "|", "&", "(", ")"}
+LEADERS = {"$", "do", "then", "else", "time", "nohup", "env", "exec", "command", "setsid"}
 STARTS = re.compile(r"^(?:\w+=\S*\s+)*(?:\S*/)?dgpo-edge\s")   # [VAR=x ...] [path/]dgpo-edge ...
 
 
@@ -47,7 +48,8 @@ def _invocations(line: str) -> list[list[str] | None]:
         if token not in OPERATORS:
             segment.append(token)
             continue
-        while segment and re.fullmatch(r"\w+=.*", segment[0]):   # VAR=value before the command
+        # VAR=value, a shell prompt, or a word that runs the command after it
+        while segment and (re.fullmatch(r"\w+=.*", segment[0]) or segment[0] in LEADERS):
             segment.pop(0)
         if segment and (segment[0] == "dgpo-edge" or segment[0].endswith("/dgpo-edge")):
             found.append(["dgpo-edge", *segment[1:]])
@@ -97,6 +99,8 @@ def test_the_check_catches_an_unknown_command_and_option():
     assert _command_lines("```bash\nFOO=1 .venv/bin/dgpo-edge ask \\\n  --steps 'a; b' && echo ok  # why\n```\n") == \
         [(2, ["dgpo-edge", "ask", "--steps", "a; b"])]
     assert _command_lines("```\nout/x   made by `dgpo-edge train sft`, step\n```\n") == []
+    assert _command_lines("```\nfor s in a b; do dgpo-edge eval --out $s; done\n$ dgpo-edge data worlds\n```\n") == \
+        [(2, ["dgpo-edge", "eval", "--out", "$s"]), (3, ["dgpo-edge", "data", "worlds"])]
 
 
 def test_every_script_and_config_the_docs_name_exists():

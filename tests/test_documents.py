@@ -6,7 +6,7 @@ import json
 import sys
 
 import pytest
-from cli_helpers import invoke
+from cli_helpers import assert_one_line_error, invoke
 from doc_helpers import PAGE, make_pdf
 
 from dgpo_edge.retrieval.corpus import iter_text_corpus
@@ -219,3 +219,33 @@ def test_a_note_of_nul_bytes_is_skipped_as_binary_not_indexed(tmp_path):
     assert reasons["zeros.md"].startswith("binary, not text (a NUL byte on line 1, byte 0)")
     assert reasons["windows.txt"].startswith("binary, not text (a NUL byte on line 1, byte 1)")
     assert "save it as UTF-8" in reasons["windows.txt"]
+
+
+def test_an_unreadable_corpus_keeps_an_interrupted_builds_work(tmp_path, monkeypatch):
+    """A corpus that cannot be read now (permissions, a network folder that is away) is one error
+    line; a fresh build leaves no folders, but an interrupted build's work (hours of embeddings, say)
+    is kept for when it can be read again."""
+    import builtins
+
+    from dgpo_edge.retrieval.build import WORK_DIR, WORK_MARKER
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "0", "contents": "\\"A\\"\\nalpha"}\n', encoding="utf-8")
+    real_open = builtins.open
+
+    def refusing(file, *a, **k):
+        if str(file) == str(corpus):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", refusing)
+    fresh = tmp_path / "fresh"
+    assert_one_line_error(invoke("index", "build", corpus, "--out", fresh, "--kind", "bm25"), "cannot read it")
+    assert not fresh.exists()
+    resumable = tmp_path / "idx" / WORK_DIR
+    resumable.mkdir(parents=True)
+    (resumable / WORK_MARKER).write_text("made by dgpo-edge\n")
+    (resumable / "embeddings-0000.npy").write_bytes(b"work")
+    assert_one_line_error(invoke("index", "build", corpus, "--out", tmp_path / "idx", "--kind", "bm25"),
+                          "cannot read it")
+    assert (resumable / "embeddings-0000.npy").read_bytes() == b"work"

@@ -249,7 +249,7 @@ def test_a_subfolder_that_cannot_be_listed_is_named_and_its_notes_kept(tmp_path,
     monkeypatch.setattr(os, "scandir", scandir)
     r = invoke("index", "update", notes, "--out", idx)
     assert r.exit_code == 0, r.output
-    assert "0 deleted" in r.plain and "skipped week-2/: could not be listed (Permission denied)" in r.plain
+    assert "up to date" in r.plain and "skipped week-2/: could not be listed (Permission denied)" in r.plain
     assert snapshot(idx) == before   # week-2's five notes are still in the index
     rebuilt = invoke("index", "build", notes, "--out", tmp_path / "idx2", "--kind", "bm25")
     assert rebuilt.exit_code == 0, rebuilt.output
@@ -260,6 +260,59 @@ def test_a_subfolder_that_cannot_be_listed_is_named_and_its_notes_kept(tmp_path,
     assert_one_line_error(invoke("index", "update", notes, "--out", idx, "--force"),
                           "cannot list this folder (Permission denied)")
     assert snapshot(idx) == before
+
+
+def test_an_unlisted_folder_is_no_file_of_the_update(tmp_path, monkeypatch):
+    """The folder's bookkeeping entry `week-2/` was reported as an added file (and the index
+    rewritten), counted as an unchanged file next time, and as deleted once it could be listed again."""
+    notes = write_notes(tmp_path / "notes", n=20)
+    idx = tmp_path / "idx"
+    assert invoke("index", "build", notes, "--out", idx, "--kind", "bm25").exit_code == 0
+    real_scandir, blocked = os.scandir, ["week-2"]
+
+    def scandir(path="."):
+        if isinstance(path, (str, os.PathLike)) and os.fspath(path).endswith(tuple(blocked)):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    for _ in range(2):
+        r = invoke("index", "update", notes, "--out", idx)
+        assert r.exit_code == 0, r.output
+        assert "skipped week-2/: could not be listed (Permission denied)" in r.plain
+        assert "up to date: 20 file(s) unchanged" in r.plain and "added" not in r.plain, r.plain
+    blocked.clear()
+    r = invoke("index", "update", notes, "--out", idx)
+    assert r.exit_code == 0 and "up to date: 20 file(s) unchanged" in r.plain and "week-2/" not in r.plain, r.plain
+
+
+def test_a_note_unreadable_last_time_is_read_again(tmp_path, monkeypatch):
+    """A note skipped as unreadable kept its size and mtime, which a chmod does not change: every
+    later update took it as unchanged, and it stayed out of the index until someone touched it."""
+    from pathlib import Path
+
+    notes = write_notes(tmp_path / "notes", n=4)
+    idx = tmp_path / "idx"
+    assert invoke("index", "build", notes, "--out", idx, "--kind", "bm25").exit_code == 0
+    late = notes / "late.md"
+    late.write_text("The boiler key is under the third flowerpot.\n", encoding="utf-8")
+    real_read = Path.read_bytes
+
+    def refusing(self):
+        if self.name == "late.md":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refusing)
+    monkeypatch.setattr("builtins.open", lambda f, *a, _open=open, **k: (
+        (_ for _ in ()).throw(PermissionError(13, "Permission denied", str(f))) if str(f).endswith("late.md")
+        else _open(f, *a, **k)))
+    r = invoke("index", "update", notes, "--out", idx)
+    assert r.exit_code == 0 and "skipped late.md: could not be read (Permission denied)" in r.plain, r.plain
+    monkeypatch.undo()   # the permissions mended: size and mtime as they were
+    r = invoke("index", "update", notes, "--out", idx)
+    assert r.exit_code == 0 and "changed late.md" in r.plain, r.plain
+    assert any("flowerpot" in p.text for p in open_index(idx).search(["boiler key flowerpot"], 3)[0])
 
 
 def test_a_new_file_without_passages_is_recorded_once(tmp_path):

@@ -200,6 +200,11 @@ def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
     nested = GOOD + "optim:\n  lr: 1.0e-4\n  max_steps: 5\n  lr: 2.0e-4\n"
     with pytest.raises(InputError, match=r"c\.yaml, line 7: .*key 'lr' is given twice"):
         load_config(SFTConfig, _yaml(tmp_path, nested))
+    # YAML's merge key is no repetition: keys merged from an anchor, and a key overriding one of them
+    merged = (GOOD + "base: &b {lr: 1.0e-4, max_steps: 5}\nsft: &sft {<<: *b, lr: 2.0e-4}\n"
+              "optim:\n  <<: [*sft]\n  batch_size: 4\n")
+    from dgpo_edge.train.config import read_config_yaml
+    assert read_config_yaml(_yaml(tmp_path, merged))["optim"] == {"lr": 2.0e-4, "max_steps": 5, "batch_size": 4}
     rl = _yaml(tmp_path, RL_GOOD + "rollout: {prompts_per_step: 256}\n", "rl.yaml")
     assert load_rl_config("dgpo", rl).rollout.prompts_per_step == 256
     rl.write_text(rl.read_text() + "algorithm: ppo\nalgorithm: dgpo\n")

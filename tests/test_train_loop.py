@@ -412,3 +412,18 @@ def test_a_misspelt_random_init_key_is_refused():
     model, _ = load_lm(gguf, random_init={"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 64,
                                           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16})
     assert model.config.num_hidden_layers == 1 and model.config.hidden_size == 64
+
+
+def test_random_init_refuses_a_near_miss_and_keeps_a_setting_read_by_getattr():
+    """Qwen2's config has no head_dim attribute, yet its model reads one (getattr with a default):
+    refusing every key the config lacks broke `random_init: {head_dim: 8}`; only near misses go."""
+    from transformers import Qwen2Config
+
+    from dgpo_edge.errors import InputError
+    from dgpo_edge.train.models import check_random_init_key
+
+    config = Qwen2Config()
+    check_random_init_key(config, "head_dim", Path("m"))
+    check_random_init_key(config, "num_hidden_layers", Path("m"))
+    with pytest.raises(InputError, match="did you mean 'hidden_size'"):
+        check_random_init_key(config, "hidden_sise", Path("m"))

@@ -214,14 +214,16 @@ def read_config_yaml(path: Path) -> dict:
 
     if not path.is_file():
         raise InputError("no such config file", path)
+    loader = _unique_key_loader()
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader()) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 ({e.reason})", path) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = None if mark is None else mark.line + 1
-        raise InputError(f"malformed YAML: {getattr(e, 'problem', e)}", path, line) from None
+        what = "" if isinstance(e, loader.Twice) else "malformed YAML: "
+        raise InputError(f"{what}{getattr(e, 'problem', e)}", path, line) from None
     if not isinstance(raw, dict):
         raise InputError(f"expected a mapping of sections, got {type(raw).__name__}", path)
     return raw
@@ -229,22 +231,34 @@ def read_config_yaml(path: Path) -> dict:
 
 @functools.cache
 def _unique_key_loader() -> type:
-    """A SafeLoader that refuses a repeated key (made on first use: importing yaml costs the CLI's start)."""
+    """A SafeLoader that refuses a key given twice in one mapping (made on first use: importing yaml
+    costs the CLI's start). Each mapping's own keys are checked once, before YAML merges `<<: *base`
+    into it: merged keys, and keys that override them, are not given twice."""
     import yaml
 
-    class Loader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen: set = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                if not isinstance(key, typing.Hashable):
-                    continue   # SafeLoader's own error ("found unhashable key") follows
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark)
-                seen.add(key)
-            return super().construct_mapping(node, deep)
+    merge = "tag:yaml.org,2002:merge"
 
+    class Twice(yaml.constructor.ConstructorError):
+        pass
+
+    class Loader(yaml.SafeLoader):
+        def flatten_mapping(self, node):
+            if not hasattr(self, "_checked"):
+                self._checked = set()
+            if id(node) not in self._checked:
+                self._checked.add(id(node))
+                seen: set = set()
+                for key_node, _ in node.value:
+                    if key_node.tag == merge or not isinstance(key_node, yaml.ScalarNode):
+                        continue   # `<<`, or a complex key (SafeLoader's own errors follow)
+                    key = (key_node.tag, key_node.value)
+                    if key in seen:
+                        raise Twice(None, None, f"key {key_node.value!r} is given twice in one mapping",
+                                    key_node.start_mark)
+                    seen.add(key)
+            super().flatten_mapping(node)
+
+    Loader.Twice = Twice
     return Loader
 
 

@@ -424,6 +424,21 @@ def resolve_path(spec: str) -> str:
     return str(Path(next(iter(found.submodule_search_locations))) / rel)
 
 
+def check_random_init_key(config: Any, key: str, where: Path) -> None:
+    """InputError for a `model.random_init` key that looks like a misspelt setting of `config`
+    (num_hiden_layers): set, it is read by nothing and the model is built full size. A key the
+    config lacks but nothing resembles is kept: model code reads some with getattr and a default
+    (Qwen2's head_dim)."""
+    import difflib
+
+    if hasattr(config, key):
+        return
+    near = difflib.get_close_matches(key, list(config.to_dict()), n=1, cutoff=0.85)
+    if near:
+        raise InputError(f"model.random_init: {type(config).__name__} has no setting {key!r}; "
+                         f"did you mean {near[0]!r}?", where)
+
+
 def load_lm(path: str, tokenizer_path: str | None = None, random_init: dict | None = None,
             seed: int = 0) -> tuple[Any, Any]:
     """(causal LM, tokenizer) from a transformers dir or a .gguf file (pkg:// allowed).
@@ -449,10 +464,7 @@ def load_lm(path: str, tokenizer_path: str | None = None, random_init: dict | No
         kwargs = {"gguf_file": src.name} if src.suffix == ".gguf" else {}
         config = AutoConfig.from_pretrained(src.parent if kwargs else src, **kwargs)
         for key, value in random_init.items():
-            # a misspelt key (num_hiden_layers) would set an attribute nothing reads: a full-size model
-            if not hasattr(config, key):
-                raise InputError(f"model.random_init: {type(config).__name__} has no setting {key!r} "
-                                 f"(e.g. num_hidden_layers, hidden_size, intermediate_size)", src)
+            check_random_init_key(config, key, src)
             setattr(config, key, value)
         for attr in ("quantization_config",):
             config.__dict__.pop(attr, None)

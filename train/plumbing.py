@@ -184,6 +184,7 @@ class SaveClock:
         return due
 
     def saved(self) -> None:
+        """Count the next interval from now (a save, or the loop's start: loading is not training)."""
         self.last = self.clock()
 
 

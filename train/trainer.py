@@ -164,6 +164,7 @@ class Trainer:
         if self.eval_fn and self.config.eval.at_start and self.state.step == 0:
             self._evaluate(logger)
         start_step = self.state.step
+        self.save_clock.saved()   # log.save_minutes count training, not loading and a first evaluation
         window = {"loss": 0.0, "n": 0, "tokens": 0, "loss_tokens": 0, "t0": time.perf_counter()}
         with progress_bar(self.acc.is_main_process and self.config.log.progress, self.total_steps,
                        start_step, self.config.stage) as advance:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..retrieval.server import ClientError, _check_unicode, _json_type
+from ..retrieval.server import ClientError, check_unicode, _json_type
 from .events import AgentResult, Answered, Failed, PassagesRetrieved, TokenDelta
 
 MAX_QUESTION_CHARS = 4000
@@ -53,7 +53,7 @@ def parse_chat_request(data: Any) -> ChatRequest:
         raise ClientError(400, "the question (the last user message) is empty")
     if len(question) > MAX_QUESTION_CHARS:
         raise ClientError(400, f"the question is too long: {len(question)} > {MAX_QUESTION_CHARS} characters")
-    _check_unicode(question, "the question")   # a "\\ud800" escape: the engine's encoder would fail (a 500)
+    check_unicode(question, "the question")   # a "\\ud800" escape: the engine's encoder would fail (a 500)
     if data.get("n", 1) != 1:
         raise ClientError(400, "'n' must be 1: the agent gives one answer")
     options = data.get("stream_options") or {}

@@ -118,6 +118,8 @@ def update(
 
 
 def _print_update(r: dict) -> None:
+    for s in r["unlisted"]:   # its notes stay in the index: not known to be gone
+        console.print(f"  skipped {escape(printable(s['path']))}: {escape(printable(s['reason']))}", highlight=False)
     if not (r["added"] or r["changed"] or r["deleted"] or r["passages_added"] or r["passages_removed"]):
         console.print(f"up to date: {r['unchanged']} file(s) unchanged, {r['count']:,} passages", highlight=False)
         return

@@ -274,11 +274,14 @@ def _discard_work(work: Path, out: Path, created: bool) -> None:
 def _fingerprint(corpus: Path, fmt: str, work: Path, out: Path, created: bool,
                  emit: Progress) -> dict[str, Any]:
     """`corpus_fingerprint`, leaving no trace when the corpus cannot be read (a jsonl file without
-    read permission): the folders made for the build would only stand in the way."""
+    read permission): the folders made for the build would only stand in the way. A work folder
+    that already holds an interrupted build's work is kept: the error may pass (a network folder
+    that is away), and that work can be hours of embeddings."""
     try:
         return corpus_fingerprint(corpus, fmt, emit)
     except InputError:
-        _discard_work(work, out, created)
+        if {p.name for p in work.iterdir()} <= {WORK_MARKER, LOCK_FILE}:
+            _discard_work(work, out, created)
         raise
 
 

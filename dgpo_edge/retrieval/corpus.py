@@ -24,6 +24,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..jsonio import our_manifest, read_jsonl
 from ..protocol import Passage
+from ..termtext import not_utf8
 from .documents import (READABLE_SUFFIXES, DocRecord, DocReport, Section, Skip, html_sections, pdf_sections,
                         record_for, unsupported_reason)
 
@@ -146,11 +147,8 @@ def _row_id(row: dict, path: Path, lineno: int) -> str:
 
 def _check_encodable(text: str, path: Path, lineno: int) -> None:
     """JSON can carry lone surrogates ("\\ud800") that SQLite and zstd cannot store."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InputError(f"text is not valid Unicode ({e.reason} at character {e.start})",
-                         path, lineno) from None
+    if bad := not_utf8(text):
+        raise InputError(f"text is not valid Unicode ({bad})", path, lineno)
 
 
 class SeenIds:
@@ -240,6 +238,11 @@ def read_document(rel: str, file: Path, words: int = DEFAULT_WORDS) -> tuple[Doc
     return record, [Passage(f"{rel}#{k}", f'"{title}"\n{text}') for k, (title, text) in enumerate(chunks)]
 
 
+# How a note that could not be read is skipped: `index update` tries it again each time, since the
+# fix (a chmod) changes neither its size nor its mtime.
+UNREADABLE = "could not be read"
+
+
 def read_regular_file(file: Path) -> bytes:
     """The bytes of a note, or Skip: a named pipe would block the build forever and a socket cannot be
     opened, and a file that cannot be read (permissions, removed since the folder was listed) is one
@@ -249,7 +252,7 @@ def read_regular_file(file: Path) -> bytes:
             raise Skip("not a regular file (a pipe, socket or device)")
         return file.read_bytes()
     except OSError as e:
-        raise Skip(f"could not be read ({e.strerror or type(e).__name__})") from None
+        raise Skip(f"{UNREADABLE} ({e.strerror or type(e).__name__})") from None
 
 
 def _list_error(folder: Path) -> str:

@@ -140,11 +140,11 @@ def _check_queries(queries: Any, limits: Limits) -> list[str]:
             raise ClientError(400, f"queries[{i}] must be a string, not {_json_type(q)}")
         if len(q) > limits.max_query_chars:
             raise ClientError(400, f"queries[{i}] is too long: {len(q)} > {limits.max_query_chars} characters")
-        _check_unicode(q, f"queries[{i}]")
+        check_unicode(q, f"queries[{i}]")
     return queries
 
 
-def _check_unicode(text: str, name: str) -> None:
+def check_unicode(text: str, name: str) -> None:
     """Refuse JSON's `\\ud800` escapes that decode to a lone surrogate: no encoder can take one."""
     if bad := not_utf8(text):
         raise ClientError(400, f"{name} is not valid Unicode text: {bad}")

@@ -43,7 +43,7 @@ from .base import Encoder, EncoderSpec
 from .build import (DEFAULT_WORDS, LOCK_FILE, WORK_MARKER, Progress, _locked, build_index, claim_work_folder,
                     install_files, source_entry, source_fingerprint, source_name, verify_files)
 from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, write_manifest
-from .corpus import _text_files, detect_format, read_document, read_regular_file
+from .corpus import UNREADABLE, _text_files, detect_format, read_document, read_regular_file
 from .documents import READABLE_SUFFIXES, DocRecord, DocReport, Skip, record_for
 from .store import PassageStore, edit_store
 
@@ -64,10 +64,12 @@ class Changes:
     drop: list[str] = field(default_factory=list)
     touched: bool = False  # only mtimes changed: records to rewrite, no passages
     deleted_passages: int = 0  # the passages of deleted files (not of changed ones)
+    unlisted: list[dict[str, str]] = field(default_factory=list)  # subfolders that could not be listed, and why
 
     def report(self) -> dict[str, Any]:
         return {"added": self.added, "changed": self.changed, "deleted": self.deleted,
-                "unchanged": self.unchanged, "passages_added": len(self.add), "passages_removed": len(self.drop)}
+                "unchanged": self.unchanged, "passages_added": len(self.add), "passages_removed": len(self.drop),
+                "unlisted": self.unlisted}
 
 
 def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder | None = None,
@@ -142,7 +144,10 @@ def scan(folder: Path, old: dict[str, DocRecord], emit: Progress) -> Changes:
     """Compare the folder with the records; read only new and changed files."""
     skipped: list[tuple[str, Path]] = []
     files = [(folder.name, folder)] if folder.is_file() else sorted(_text_files(folder, skipped) + skipped)
-    c = Changes()
+    # a subfolder that could not be listed (`rel/`) is no file: neither added nor unchanged, only reported
+    unlisted = tuple(rel for rel, _ in files if rel.endswith("/"))
+    files = [(rel, file) for rel, file in files if not rel.endswith("/")]
+    c = Changes(unlisted=[{"path": rel, "reason": read_document(rel, folder / rel)[0].reason} for rel in unlisted])
     for i, (rel, file) in enumerate(files, start=1):
         emit("scan", i, len(files))
         prev = old.pop(rel, None)
@@ -158,8 +163,9 @@ def scan(folder: Path, old: dict[str, DocRecord], emit: Progress) -> Changes:
         (c.changed if prev is not None else c.added).append(rel)
         if prev is not None:
             c.drop.extend(f"{rel}#{k}" for k in range(prev.passages))
-    unlisted = tuple(rel for rel, _ in skipped if rel.endswith("/"))
     for rel, prev in sorted(old.items()):
+        if rel.endswith("/"):   # a build's record of a folder it could not list: reported anew above, or gone
+            continue
         if rel.startswith(unlisted):   # in a folder that could not be listed: not known to be gone
             c.records.append(prev)
             c.unchanged += 1
@@ -173,6 +179,12 @@ def scan(folder: Path, old: dict[str, DocRecord], emit: Progress) -> Changes:
 def _unchanged(prev: DocRecord | None, rel: str, file: Path) -> DocRecord | None:
     """The file's record when its content is what `prev` recorded (a new record if only the mtime moved)."""
     if prev is None:
+        return None
+    if (prev.reason or "").startswith(UNREADABLE):   # a chmod changes neither size nor mtime: try it
+        try:
+            read_regular_file(file)
+        except Skip:
+            return prev   # still unreadable: unchanged, not "changed" at every update
         return None
     try:
         st = file.stat()

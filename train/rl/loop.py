@@ -297,6 +297,7 @@ class RLTrainer:
         if eval_fn and self.config.eval.at_start and self.state.step == 0:
             self._evaluate(eval_fn, logger)
         total = self.config.optim.steps
+        self.save_clock.saved()   # log.save_minutes count training, not loading and a first evaluation
         with progress_bar(self.acc.is_main_process and self.config.log.progress, total, self.state.step,
                           self.config.algorithm, shows="reward") as advance:
             while self.state.step < total and self.state.stopped is None:
