@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import itertools
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -309,6 +310,22 @@ async def test_escape_stops_a_long_generation(retriever, chats):
 
 
 @asynchronous
+async def test_quitting_mid_answer_keeps_the_question_as_stopped(retriever, chats):
+    app = make_app(scripted_agent(retriever, [], endless=True, token_delay_s=0.002), chats)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await app.workers.wait_for_complete()
+        app.query_one("#question", Input).insert_text_at_cursor("think forever")
+        await pilot.press("enter")
+        await until(pilot, lambda: len(exchange_views(app)[0].exchange.steps[0].text) > 20)
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+    [chat] = chats.list_chats()   # before, nothing was saved: the question was gone
+    [saved] = chats.load_chat(chat.id)   # once, though the run's own stop may still arrive
+    assert (saved.question, saved.stop_reason, saved.answer) == ("think forever", "stopped", None)
+    assert saved.steps[0].text.startswith("thinking thinking")
+
+
+@asynchronous
 async def test_chat_is_saved_and_reopened_from_the_list(retriever, chats):
     async with make_app(scripted_agent(retriever, PERU_TURNS), chats).run_test(size=(100, 40)) as pilot:
         await ask(pilot, PERU_QUESTION)
@@ -491,13 +508,14 @@ async def test_settings_change_top_k_and_max_searches(retriever, chats):
 @asynchronous
 async def test_a_failing_agent_factory_is_shown_not_raised(chats):
     def broken():
-        raise FileNotFoundError("model.gguf")
+        raise FileNotFoundError("/models/[old]/model.gguf")   # brackets: shown, not read as markup
 
     app = ChatApp(broken, chats)
     async with app.run_test(size=(100, 30)) as pilot:
         await app.workers.wait_for_complete()
         await pilot.pause()
-        assert str(app.query_one("#status").render()).startswith("no model: FileNotFoundError: model.gguf")
+        status = str(app.query_one("#status").render())
+        assert status.startswith("no model: FileNotFoundError: /models/[old]/model.gguf")
         await pilot.click("#question")
         await pilot.press(*"hello", "enter")
         await pilot.pause()
@@ -553,6 +571,133 @@ async def test_an_agent_that_breaks_its_contract_still_ends_the_exchange(retriev
             assert not app.generating
             await ask(pilot, "the app still takes questions")
             assert len(exchange_views(app)) == 2
+
+
+def screen_text(widget) -> str:
+    """What a widget draws, line by line (as plain text)."""
+    return "\n".join(widget.render_line(y).text for y in range(widget.size.height))
+
+
+@asynchronous
+async def test_chat_titles_in_the_list_are_shown_as_written(retriever, chats):
+    """A chat's title is its first question: "[bold]" is not markup there, and a lone "[/]"
+    (which markup cannot parse) does not take the app down when the list draws."""
+    app = make_app(scripted_agent(retriever, ["<answer> Lima </answer>"]), chats)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ask(pilot, "what do [bold] and [/] do \x1b]0;pwned\x07in Rich")
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, HistoryScreen))
+        await pilot.pause()
+        shown = screen_text(app.screen.query_one("#chats", OptionList))
+    assert not getattr(app, "_exception", None)
+    assert "what do [bold] and [/] do in Rich · 1 question" in shown
+
+
+@asynchronous
+async def test_error_notifications_show_paths_and_stored_text_as_written(tmp_path, retriever):
+    """The history's path ("backup [old]") and a corrupt exchange's text ("[/]") reach the
+    notification as text: not read as markup, which dropped one and could not parse the other."""
+    chats = ChatStore(tmp_path / "backup [old]" / "chats.sqlite")
+    broken = chats.create_chat("broken chat")
+    chats.add_exchange(broken, Recorder("q").exchange)
+    with sqlite3.connect(chats.path) as db:
+        db.execute("UPDATE exchanges SET body = ?", ('{"question": "q", "steps": [{"[/]": 1}]}',))
+    db.close()
+    app = make_app(scripted_agent(retriever, []), chats)
+    async with app.run_test(size=(120, 30), notifications=True) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, HistoryScreen))
+        await pilot.press("enter")
+        await until(pilot, lambda: not isinstance(app.screen, HistoryScreen) and app.screen.query("Toast"))
+        await pilot.pause()
+        toasts = [str(t.render()) for t in app.screen.query("Toast")]
+    assert not getattr(app, "_exception", None)
+    [toast] = toasts
+    assert "backup [old]" in toast and "keyword argument '[/]'" in toast
+
+
+@asynchronous
+async def test_a_pasted_question_of_several_lines_is_kept_whole(retriever, chats):
+    from textual import events
+
+    app = make_app(scripted_agent(retriever, ["<answer> Santiago </answer>"]), chats)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await app.workers.wait_for_complete()
+        field = app.query_one("#question", Input)
+        field.post_message(events.Paste("What is the capital of\n  Peru's southern\r\n\nneighbour?\n"))
+        await pilot.pause()
+        assert field.value == "What is the capital of Peru's southern neighbour?"  # Input kept line 1 only
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        [view] = exchange_views(app)
+        assert view.exchange.question == "What is the capital of Peru's southern neighbour?"
+
+
+class Lingering:
+    """Wraps an agent whose `run` goes on after its last event (as a generator does until it is
+    closed) until `release` is set."""
+
+    def __init__(self, agent: Agent):
+        self.agent, self.release = agent, threading.Event()
+
+    @property
+    def config(self):
+        return self.agent.config
+
+    @config.setter
+    def config(self, value) -> None:
+        self.agent.config = value
+
+    def run(self, question: str, stop=None) -> Iterator[ev.Event]:
+        yield from self.agent.run(question, stop)
+        self.release.wait(10)
+
+
+@asynchronous
+async def test_a_question_asked_as_the_last_run_closes_is_not_failed_by_it(retriever, chats):
+    """The last run's exchange has ended but its worker has not: the next question waits for it
+    (before, it started and the old worker's end marked the new exchange as failed)."""
+    agent = Lingering(scripted_agent(retriever, ["<answer> Lima </answer>"]))
+    app = make_app(agent, chats)
+    async with app.run_test(size=(100, 30)) as pilot:
+        notes = record_notifications(app)
+        await app.workers.wait_for_complete()
+        field = app.query_one("#question", Input)
+        field.insert_text_at_cursor("first")
+        await pilot.press("enter")
+        await until(pilot, lambda: exchange_views(app)[0].exchange.finished)
+        field.insert_text_at_cursor("second")
+        await pilot.press("enter")   # the first run's worker is still in `run`
+        await pilot.pause(0.2)
+        assert len(exchange_views(app)) == 1 and field.value == "second"
+        assert any("still closing" in m for m, _ in notes), notes
+        agent.release.set()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        await pilot.press("enter")
+        await until(pilot, lambda: len(exchange_views(app)) == 2 and exchange_views(app)[1].exchange.finished)
+        assert [(v.exchange.question, v.exchange.stop_reason) for v in exchange_views(app)] == [
+            ("first", "answer"), ("second", "answer")]
+        agent.release.set()
+        await app.workers.wait_for_complete()
+
+
+@asynchronous
+async def test_the_chat_list_opens_on_a_very_narrow_terminal(retriever, chats):
+    chats.add_exchange(chats.create_chat("What is the capital of Peru"), Recorder("q").exchange)
+    app = make_app(scripted_agent(retriever, []), chats)
+    async with app.run_test(size=(10, 8)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, HistoryScreen)
+        await pilot.resize_terminal(4, 3)
+        await pilot.pause(0.2)
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, HistoryScreen))
+    assert not getattr(app, "_exception", None)
 
 
 # --- snapshots --------------------------------------------------------------------------------------

@@ -100,3 +100,17 @@ def test_status_line():
     assert status_line(Status()) == "loading the model… │ turn –/5 │ – tok/s │ retrieval – ms │ top-k 3"
     s = Status("generating…", turn=1, turn_limit=5, tokens_per_s=12.345, retrieval_ms=3.6, top_k=4)
     assert status_line(s) == "generating… │ turn 2/5 │ 12.3 tok/s │ retrieval 4 ms │ top-k 4"
+
+
+def test_an_interrupted_run_is_kept_as_a_stop_with_the_passages_read():
+    """Quitting mid-run: what streamed stays, as Esc's stop would leave it (no half answer)."""
+    r = Recorder("capital of Peru")
+    for e in [ev.TurnStarted(0), ev.SearchIssued(0, "peru"), ev.PassagesRetrieved(0, "peru", (PERU, CHILE), 3.0),
+              ev.TurnStarted(1), ev.SearchIssued(1, "chile"), ev.PassagesRetrieved(1, "chile", (CHILE,), 2.0),
+              ev.TurnStarted(2), ev.TokenDelta(2, "<answer> Li")]:
+        r.feed(e)
+    assert r.exchange.answer == "Li"
+    r.interrupt()
+    x = r.exchange
+    assert (x.stop_reason, x.answer, x.sources_cited) == ("stopped", None, False)
+    assert [s.id for s in x.sources] == ["p1", "p2"]

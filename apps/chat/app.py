@@ -29,7 +29,7 @@ from . import messages as msg
 from .exchange import Exchange, Recorder
 from .screens import HistoryScreen, Settings, SettingsScreen
 from .storage import HISTORY_ERRORS, ChatStore
-from .widgets import ExchangeView, Status, StatusBar
+from .widgets import ExchangeView, QuestionInput, Status, StatusBar
 
 AgentFactory = Callable[[], Any]
 REDRAW_S = 1 / 30   # the exchange view is redrawn at most this often while a run streams
@@ -57,6 +57,7 @@ class ChatApp(App[None]):
         self.chat_id: int | None = None
         self.status = Status(top_k=self.settings.top_k, turn_limit=self.settings.turn_limit)
         self._stop: threading.Event | None = None   # set while a run is in flight
+        self._worker: Worker | None = None          # the last run's worker (its thread may outlive the run)
         self._recorder: Recorder | None = None
         self._view: ExchangeView | None = None
         self._redraw_due = False
@@ -64,7 +65,7 @@ class ChatApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield VerticalScroll(id="conversation")
-        yield Input(placeholder="Ask a question and press Enter (Esc stops the answer)", id="question")
+        yield QuestionInput(placeholder="Ask a question and press Enter (Esc stops the answer)", id="question")
         yield StatusBar(id="status")
         yield Footer()
 
@@ -96,6 +97,16 @@ class ChatApp(App[None]):
     def generating(self) -> bool:
         return self._stop is not None
 
+    @property
+    def _lingering(self) -> bool:
+        """The last run's exchange has ended but its worker thread has not returned yet.
+
+        The terminal event is posted before the agent's generator closes, so for a moment
+        the agent still holds its run; a question asked then would be refused by the agent
+        ("already running a question") and the old worker's end would be taken for the new run's.
+        """
+        return self._worker is not None and not self._worker.is_finished
+
     # --- asking -------------------------------------------------------------------
 
     @on(Input.Submitted, "#question")
@@ -105,6 +116,9 @@ class ChatApp(App[None]):
             return
         if self.generating:
             self.notify("Still answering: wait, or press Esc to stop it.", severity="warning")
+            return
+        if self._lingering:
+            self.notify("The last answer is still closing: press Enter again in a moment.", severity="warning")
             return
         if self.agent is None:
             self.notify("The model is not loaded yet.", severity="warning")
@@ -118,7 +132,7 @@ class ChatApp(App[None]):
         self.status = Status(state="generating…", top_k=self.settings.top_k,
                              turn_limit=self.settings.turn_limit)
         self._show_status()
-        self._generate(question, self._stop, self.settings)
+        self._worker = self._generate(question, self._stop, self.settings)
 
     @work(thread=True, exclusive=True, group="generate")
     def _generate(self, question: str, stop: threading.Event, settings: Settings) -> None:
@@ -145,9 +159,14 @@ class ChatApp(App[None]):
             self._set_state("stopping…")
 
     async def action_quit(self) -> None:
-        """Stop a running question first, so its worker thread ends with the app."""
+        """Stop a running question first, so its worker thread ends with the app, and keep it
+        in the history as stopped, as Esc would (its own stop event comes too late to be saved)."""
         if self._stop is not None:
             self._stop.set()
+        if self._recorder is not None and not self._recorder.exchange.finished:
+            self._recorder.interrupt()
+            self._save(self._recorder.exchange)
+            self._recorder = None   # a terminal event still delivered before exit must not save it again
         await super().action_quit()
 
     # --- agent messages -> the exchange view -------------------------------------------
@@ -178,7 +197,7 @@ class ChatApp(App[None]):
 
     async def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """A generate worker that ended without a terminal event still ends the exchange."""
-        if (event.worker.group == "generate" and event.worker.is_finished
+        if (event.worker is self._worker and event.worker.is_finished   # not an earlier run's worker
                 and self._recorder is not None and not self._recorder.exchange.finished):
             self._recorder.fail("the agent stopped without an answer or a failure event")
             await self._finish()
@@ -203,7 +222,8 @@ class ChatApp(App[None]):
             self.chat_id = None
             self._save(exchange)
         except HISTORY_ERRORS as e:  # a broken history must not end the session
-            self.notify(f"The chat was not saved: {e}", severity="error", timeout=10)
+            # markup=False: the message holds the file's path and stored text ("[old]", "[/]")
+            self.notify(f"The chat was not saved: {e}", severity="error", timeout=10, markup=False)
 
     async def _redraw(self) -> None:
         self._redraw_due = False
@@ -239,7 +259,7 @@ class ChatApp(App[None]):
             self.notify("That chat was deleted.", severity="warning")
             return
         except HISTORY_ERRORS as e:   # the conversation on screen stays as it is
-            self.notify(f"That chat cannot be opened: {e}", severity="error", timeout=10)
+            self.notify(f"That chat cannot be opened: {e}", severity="error", timeout=10, markup=False)
             return
         await self.show_chat(chat_id, exchanges)
 

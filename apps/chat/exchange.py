@@ -159,6 +159,18 @@ class Recorder:
         """The run raised instead of ending with a terminal event."""
         self.exchange.stop_reason, self.exchange.error = "error", error
 
+    def interrupt(self) -> None:
+        """The app quits while the run streams: end the exchange as a stop, as Esc would have
+        (the agent's own `Failed("stopped")` would arrive after the app has gone). As for a
+        stop, a half-written answer is not an answer and the sources are the passages read."""
+        x = self.exchange
+        x.stop_reason, x.answer = "stopped", None
+        read: dict[str, Source] = {}
+        for step in x.steps:
+            for p in step.passages:
+                read.setdefault(p.id, p)
+        x.sources = list(read.values())
+
     def _finish(self, event: ev.Answered | ev.Failed) -> None:
         x, result = self.exchange, event.result
         x.answer = result.answer

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -15,6 +16,7 @@ from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from dgpo_edge.protocol import MAX_SEARCHES, MAX_TOP_K
+from dgpo_edge.termtext import printable
 
 from .storage import HISTORY_ERRORS, ChatStore, ChatSummary
 
@@ -33,11 +35,14 @@ class Settings:
         return self.max_searches + 1
 
 
-def chat_label(chat: ChatSummary) -> str:
-    """`title · 3 questions · 2026-11-26 09:12` (local time)."""
+def chat_label(chat: ChatSummary) -> Text:
+    """`title · 3 questions · 2026-11-26 09:12` (local time).
+
+    Plain text, not markup: the title is the user's first question, and an option's str
+    prompt is read as markup ("[bold]" vanishes, a lone "[/]" raises while the list draws)."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated))
     n = chat.exchanges
-    return f"{chat.title} · {n} question{'s' * (n != 1)} · {when}"
+    return Text(f"{printable(chat.title)} · {n} question{'s' * (n != 1)} · {when}")
 
 
 class HistoryScreen(ModalScreen[int | None]):
@@ -70,7 +75,7 @@ class HistoryScreen(ModalScreen[int | None]):
             summaries = self.store.list_chats()
         except HISTORY_ERRORS as e:   # a damaged history: say so here, the app goes on
             chats.add_option(Option("The chat history cannot be read.", disabled=True))
-            self.notify(str(e), title="Chat history", severity="error", timeout=10)
+            self.notify(str(e), title="Chat history", severity="error", timeout=10, markup=False)
             return
         chats.add_options(Option(chat_label(c), id=str(c.id)) for c in summaries)
         if summaries:
@@ -89,7 +94,7 @@ class HistoryScreen(ModalScreen[int | None]):
             try:
                 self.store.delete_chat(int(option.id))
             except HISTORY_ERRORS as e:
-                self.notify(f"The chat was not deleted: {e}", severity="error", timeout=10)
+                self.notify(f"The chat was not deleted: {e}", severity="error", timeout=10, markup=False)
             self.reload()
 
 

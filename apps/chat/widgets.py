@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.markup import escape
-from textual.widgets import Collapsible, Markdown, Static
+from textual.widgets import Collapsible, Input, Markdown, Static
 
 from ...termtext import printable
 from .exchange import Exchange, Live, Step
@@ -146,6 +147,25 @@ class ExchangeView(Vertical):
         self.set_class(bool(answer), "-answered")
 
 
+class QuestionInput(Input):
+    """The question box: pasted text of several lines becomes one line.
+
+    Textual's `Input` keeps only the first line of a paste, so a question pasted from a
+    note or an email would silently lose the rest and be asked cut short.
+    """
+
+    def on_paste(self, event: events.Paste) -> None:
+        lines = [line.strip() for line in event.text.splitlines()]
+        text = " ".join(line for line in lines if line)
+        if text:
+            if self.selection.is_empty:
+                self.insert_text_at_cursor(text)
+            else:
+                self.replace(text, *self.selection)
+        event.stop()
+        event.prevent_default()  # Input's own paste handler would insert the first line again
+
+
 @dataclass
 class Status:
     """What the status bar shows."""
@@ -173,4 +193,4 @@ class StatusBar(Static):
     """One line under the input: run state, turn, decode speed, retrieval time, top-k."""
 
     def show(self, status: Status) -> None:
-        self.update(status_line(status))
+        self.update(Text(status_line(status)))  # Text: a path in the state ("/m/[old]/x.gguf") is not markup
