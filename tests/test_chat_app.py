@@ -104,12 +104,8 @@ def scripted_agent(retriever, turns: Iterable[str], **kw) -> Agent:
     return Agent(ChatEngine(turns, **kw), retriever)
 
 
-class PinnedTimings:
-    """Wraps an agent and pins the wall-clock figures in its events (tokens/s, retrieval ms).
-
-    Only for snapshots: those figures are real measurements and differ on every
-    run; everything else passes through unchanged.
-    """
+class Wrapped:
+    """An agent wrapped: its settings are the wrapped agent's (the app sets `config` on it)."""
 
     def __init__(self, agent: Agent):
         self.agent = agent
@@ -121,6 +117,14 @@ class PinnedTimings:
     @config.setter
     def config(self, value) -> None:
         self.agent.config = value
+
+
+class PinnedTimings(Wrapped):
+    """Wraps an agent and pins the wall-clock figures in its events (tokens/s, retrieval ms).
+
+    Only for snapshots: those figures are real measurements and differ on every
+    run; everything else passes through unchanged.
+    """
 
     def run(self, question: str, stop=None) -> Iterator[ev.Event]:
         for e in self.agent.run(question, stop):
@@ -635,20 +639,13 @@ async def test_a_pasted_question_of_several_lines_is_kept_whole(retriever, chats
         assert view.exchange.question == "What is the capital of Peru's southern neighbour?"
 
 
-class Lingering:
+class Lingering(Wrapped):
     """Wraps an agent whose `run` goes on after its last event (as a generator does until it is
     closed) until `release` is set."""
 
     def __init__(self, agent: Agent):
-        self.agent, self.release = agent, threading.Event()
-
-    @property
-    def config(self):
-        return self.agent.config
-
-    @config.setter
-    def config(self, value) -> None:
-        self.agent.config = value
+        super().__init__(agent)
+        self.release = threading.Event()
 
     def run(self, question: str, stop=None) -> Iterator[ev.Event]:
         yield from self.agent.run(question, stop)
