@@ -62,6 +62,7 @@ def test_resolved_config_round_trips(tmp_path):
     ("run: {out_dir: x}\nmodel: {path: m}\n", [], "key 'data.train' is required"),
     ("- a\n- b\n", [], "expected a mapping"),
     ("run: [unclosed\n", [], "malformed YAML"),
+    (GOOD, ["log.save_minutes=-1"], "key 'log.save_minutes' must be >= 0"),
 ])
 def test_validation_errors_name_the_file_and_key(tmp_path, text, overrides, needle):
     path = _yaml(tmp_path, text)
@@ -210,6 +211,16 @@ def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
     rl.write_text(rl.read_text() + "algorithm: ppo\nalgorithm: dgpo\n")
     with pytest.raises(InputError, match="key 'algorithm' is given twice"):
         load_rl_config("dgpo", rl)
+
+
+def test_rl_checks_its_schedule_as_sft_does(tmp_path):
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    path = _yaml(tmp_path, RL_GOOD)
+    for override, key in (("log.save_minutes=-1", "log.save_minutes"), ("log.every=0", "log.every"),
+                          ("eval.every=-1", "eval.every")):
+        with pytest.raises(InputError, match=f"key '{key}' must be"):
+            load_rl_config("dgpo", path, ["rollout.prompts_per_step=256", override])
 
 
 def test_rl_points_model_compile_to_ppo_compile(tmp_path):

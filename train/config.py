@@ -463,12 +463,9 @@ def validate(config: Any, path: Path | str) -> None:
         bad("optim.max_steps", "must be > 0, or optim.epochs > 0")
     if o.grad_clip < 0:
         bad("optim.grad_clip", "must be >= 0")
-    for key, value in (("eval.every", config.eval.every), ("log.save_every", config.log.save_every),
-                       ("log.save_minutes", config.log.save_minutes), ("chunk_size", config.chunk_size)):
-        if value < 0:
-            bad(key, "must be >= 0")
-    if config.log.every < 1:
-        bad("log.every", "must be >= 1")
+    if config.chunk_size < 0:
+        bad("chunk_size", "must be >= 0")
+    validate_schedule(config.eval, config.log, bad)
     if config.eval.batch_size < 1:
         bad("eval.batch_size", "must be >= 1")
     if (config.data.dev or config.data.report) and not config.data.retriever:
@@ -476,6 +473,16 @@ def validate(config: Any, path: Path | str) -> None:
     validate_lora(config.lora, bad)
     if isinstance(config, KDConfig):
         _validate_kd(config.kd, bad)
+
+
+def validate_schedule(eval: EvalSection, log: LogSection, bad) -> None:
+    """How often a run evaluates, logs and saves (shared with the RL config)."""
+    for key, value in (("eval.every", eval.every), ("log.save_every", log.save_every),
+                       ("log.save_minutes", log.save_minutes)):
+        if value < 0:
+            bad(key, "must be >= 0")
+    if log.every < 1:
+        bad("log.every", "must be >= 1")
 
 
 def validate_lora(lora: LoRASection, bad) -> None:

@@ -207,7 +207,7 @@ def validate_rl(config: RLConfig, path) -> None:
     """Presence and range checks, each naming the key (InputError -> exit status 2)."""
     from dgpo_edge.errors import InputError
 
-    from ..config import validate_lora
+    from ..config import validate_lora, validate_schedule
 
     def bad(key: str, why: str) -> None:
         raise InputError(f"key {key!r} {why}", path)
@@ -249,11 +249,7 @@ def validate_rl(config: RLConfig, path) -> None:
     for key, value in (("optim.warmup_ratio", o.warmup_ratio), ("optim.critic_warmup_ratio", o.critic_warmup_ratio)):
         if not 0 <= value < 1:
             bad(key, "must be in [0, 1)")
-    if config.eval.every < 0 or config.log.save_every < 0 or config.log.every < 1:
-        bad("eval.every" if config.eval.every < 0 else "log.save_every" if config.log.save_every < 0
-            else "log.every", "is out of range (every >= 0, log.every >= 1)")
-    if config.log.save_minutes < 0:
-        bad("log.save_minutes", "must be >= 0")
+    validate_schedule(config.eval, config.log, bad)
     if config.head_rows < 1:
         bad("head_rows", "must be >= 1")
     c = config.collapse
