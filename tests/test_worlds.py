@@ -326,6 +326,7 @@ def test_data_build_help():
     (["notes", "--size", "500"], ["--size", "people", "6 to 118"]),
     (["records", "--size", "5"], ["records", "18 to 5,000", "--size"]),
     (["records", "--size", "9000"], ["records", "18 to 5,000", "--size"]),
+    (["catalog", "--size", "17"], ["catalog counts cards", "18 to 5,000", "--size"]),
 ])
 def test_data_build_bad_input(tmp_path, args, needles):
     out = tmp_path / "out"

@@ -76,7 +76,8 @@ CATALOG = CardWorld(
     other_forms=("What is {x}'s {f}?", "give the {f} for {x}", "{x}: {f}?", "look up the {f} of {x}", "{f} for {x}"),
     compare={"year": ("Which was first, {a} or {b}?", "earlier one: {a} or {b}", "{a} or {b}, which dates back further"),
              "number": ("Which one has the bigger {f}, {a} or {b}?", "{a} or {b}: bigger {f}?")},
-    inverse={"matching dish": "paired wine", "home stage": "touring company", "flour supplier": "market stall"})
+    inverse={"matching dish": "paired wine", "home stage": "touring company", "flour supplier": "market stall"},
+    unit="cards")
 
 
 def build_catalog(out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,

@@ -123,6 +123,7 @@ class CardWorld:
     other_forms: tuple[str, ...]           # ... of any other field
     compare: dict[str, tuple[str, ...]]    # comparison forms by field kind (year, number)
     inverse: dict[str, str]                # link field -> the link it inverts (a label's biggest act)
+    unit: str = "records"                  # what --size counts
 
     @property
     def name(self) -> str:
@@ -304,8 +305,8 @@ def build_cards(world: CardWorld, out: str | Path, seed: int = 0, holdout: float
     n = size or DEFAULT_RECORDS
     least = 2 * len(world.kinds)   # two of each kind, so every link has somewhere to point
     if not least <= n <= MAX_RECORDS:
-        raise InputError(f"--size for {world.name} counts records: {least} to {MAX_RECORDS:,}, got {n}")
-    say(f"generating {n} records")
+        raise InputError(f"--size for {world.name} counts {world.unit}: {least} to {MAX_RECORDS:,}, got {n}")
+    say(f"generating {n} {world.unit}")
     records = make_records(n, seed, world)
     layout = random.Random(f"{world.name}-layout-{seed}")
     passages, fs = [], {}
