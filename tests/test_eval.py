@@ -175,6 +175,36 @@ def test_eval_resume_refuses_a_damaged_line_before_the_last(engine_script, index
     assert (out / PREDICTIONS).read_bytes() == damaged and (out / "run.json").read_bytes() == run_json
 
 
+@pytest.mark.parametrize("edit", [lambda rec: {"key": rec["key"]}, lambda rec: {**rec, "em": "1.0"},
+                                  lambda rec: {**rec, "searches": None}], ids=["key-only", "em-text", "searches-null"])
+def test_eval_resume_refuses_a_record_the_report_cannot_read_before_the_model_loads(engine_script, index_dir: Path,
+                                                                                   tmp_path: Path, monkeypatch, edit):
+    """A record with its key but a field the report needs missing or of another type (a hand edit):
+    one error line naming the line, before the model loads, not a KeyError once every question ran.
+    A folder of someone else's files is refused before the model loads too."""
+    turns, model, _ = engine_script
+    turns += SCRIPT
+    data = write_questions(tmp_path / "fbqa.jsonl")
+    out = tmp_path / "out"
+    assert invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out).exit_code == 0
+    lines = (out / PREDICTIONS).read_text().splitlines(keepends=True)
+    damaged = lines[0] + json.dumps(edit(json.loads(lines[1]))) + "\n" + lines[2]
+    (out / PREDICTIONS).write_text(damaged)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded before --out was checked")
+
+    monkeypatch.setattr(dgpo_edge.engines, "open_engine", no_model)
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out)
+    assert_one_line_error(r, f"{PREDICTIONS}, line 2", "damaged predictions")
+    assert (out / PREDICTIONS).read_text() == damaged
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.md").write_text("mine")
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", theirs)
+    assert_one_line_error(r, str(theirs), "not an evaluation's")
+
+
 def test_eval_refuses_a_second_run_into_the_same_folder(engine_script, index_dir: Path, tmp_path: Path):
     """Two evals into one --out would both write every record: the second is refused at once."""
     import threading

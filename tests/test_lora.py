@@ -220,6 +220,47 @@ def test_model_merge_refuses_an_adapter_of_another_depth(toy, tmp_path):
         assert_one_line_error(result, str(wrong), needle)
 
 
+def test_model_merge_names_a_broken_adapter_file_before_loading_the_base(toy, tmp_path, monkeypatch):
+    """An adapter folder missing its weights, with a cut weights file, a config without its keys or
+    norms of another model: one error line naming the file (not a safetensors/KeyError traceback),
+    before the base model is loaded."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from dgpo_edge.train import models
+    from dgpo_edge.train.lora import save_adapter
+
+    good = tmp_path / "good"
+    save_adapter(apply_lora(_base(toy), LoRASection(**LORA, train_norms=True)), good)
+
+    def broken(name, damage):
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        damage(folder)
+        return folder
+
+    cases = [
+        (broken("no-weights", lambda f: (f / "adapter_model.safetensors").unlink()),
+         "adapter_model.safetensors", "no such file"),
+        (broken("cut", lambda f: (f / "adapter_model.safetensors").write_bytes(b"\x10\x00")),
+         "adapter_model.safetensors", "not a readable safetensors file"),
+        (broken("no-rank", lambda f: (f / "adapter_config.json").write_text('{"r": 4}')),
+         "adapter_config.json", "lora_alpha"),
+    ]
+    norms_of_another = broken("other-norms", lambda f: save_file({"model.nope.weight": torch.ones(3)},
+                                                                 str(f / "norms.safetensors")))
+    real_load = models.load_checkpoint
+    monkeypatch.setattr(models, "load_checkpoint", lambda *a, **k: pytest.fail("loaded the base first"))
+    for adapter, name, needle in cases:
+        result = invoke("model", "merge", toy["student"], "--adapter", adapter, "--out", tmp_path / "merged")
+        assert_one_line_error(result, str(adapter / name), needle)
+    monkeypatch.setattr(models, "load_checkpoint", real_load)   # norms fit or not only against the model
+    result = invoke("model", "merge", toy["student"], "--adapter", norms_of_another, "--out", tmp_path / "merged")
+    assert_one_line_error(result, str(norms_of_another / "norms.safetensors"), "model.nope.weight")
+    assert not (tmp_path / "merged").exists()
+
+
 def test_sft_continues_a_saved_adapter(toy, tmp_path):
     """lora.init_from: the second run starts from the first run's adapter (same rank, norms
     trained) over the same base, so before it moves its model is the first run's merged model."""

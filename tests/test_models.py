@@ -241,6 +241,27 @@ def test_prune_refuses_to_write_over_its_own_input(smol_qwen_dir, tmp_path):
     assert sorted((p.name, p.stat().st_size) for p in model.iterdir()) == before
 
 
+def test_model_commands_refuse_an_out_that_holds_their_input(smol_qwen_dir, tmp_path, monkeypatch):
+    """--out a model folder with the input inside it (a pruned copy kept in a subfolder, a GGUF
+    downloaded beside the safetensors): replacing the folder would delete the input."""
+    import shutil
+
+    outer = tmp_path / "outer"
+    shutil.copytree(smol_qwen_dir, outer)
+    inner = outer / "inner"
+    shutil.copytree(smol_qwen_dir, inner)
+    result = invoke("model", "prune", inner, "--keep-layers", "2", "--out", outer)
+    assert_one_line_error(result, str(outer), "holds this command's input")
+    assert (inner / "config.json").is_file()
+
+    monkeypatch.setattr(models, "load_gguf", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    gguf_copy = outer / "model.gguf"
+    gguf_copy.write_bytes(b"GGUF")
+    result = invoke("model", "from-gguf", gguf_copy, "--out", outer)
+    assert_one_line_error(result, str(outer), "holds this command's input")
+    assert gguf_copy.is_file() and inner.is_dir()
+
+
 def test_from_gguf_refuses_someone_elses_folder_before_dequantizing(tmp_path, monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("dequantized before checking --out")

@@ -162,6 +162,17 @@ def test_cli_metrics_labels_and_smooth(runs, tmp_path):
     assert png_size(out) == (1000, 350)
 
 
+def test_runs_named_alike_get_their_parent_folder_in_the_legend(tmp_path):
+    """plot seed0/dgpo seed1/dgpo: two legend entries both "dgpo" could not be told apart."""
+    rows = "step,reward\n1,0.1\n2,0.2\n"
+    first, second = write_run(tmp_path / "seed0", "dgpo", rows), write_run(tmp_path / "seed1", "dgpo", rows)
+    other = write_run(tmp_path, "ppo", rows)
+    out = tmp_path / "curves.svg"
+    assert invoke("plot", first, second, other, "--out", out).exit_code == 0
+    svg = out.read_text()   # matplotlib's SVG names each text it draws in a comment
+    assert "<!-- seed0/dgpo -->" in svg and "<!-- seed1/dgpo -->" in svg and "<!-- ppo -->" in svg
+
+
 def test_cli_help():
     result = invoke("plot", "--help")
     assert result.exit_code == 0, result.output

@@ -136,7 +136,40 @@ def test_tgo_command_end_to_end_and_bad_input(memorized, smol_tok, tmp_path):
     assert_one_line_error(invoke(*args[:8], "--out", tmp_path, *args[10:]), "is a folder")
     # a last line without its newline is cut only when it is a row cut short, never a whole record
     # or someone's single line
-    for text in ('{"id": "a"}\n{"id": "b"}', "my important note"):
+    for text in ('{"id": "a", "segments": []}\n{"id": "b", "segments": []}', "my important note"):
         mine.write_text(text)
         assert_one_line_error(invoke(*args[:8], "--out", mine, *args[10:]), "notes.md", "no newline")
         assert mine.read_text() == text
+
+
+def test_tgo_refuses_an_out_that_is_its_questions_or_corpus_or_no_tgo_file(tmp_path):
+    """--out naming the questions (every one "already done", nothing sampled), the corpus
+    (trajectories appended to it) or another file whose rows have ids: one error line, before the
+    teacher loads, the file unchanged and no progress file beside it."""
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"id": e.id, "question": e.question, "golden_answers": list(e.answers)})
+                            + "\n" for e in EXAMPLES))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in CORPUS))
+    other = tmp_path / "other-questions.jsonl"
+    other.write_text(data.read_text())
+    args = ["train", "tgo", "--teacher", tmp_path / "no-teacher", "--data", data, "--index", corpus]
+    for out, needle in ((data, "is also this command's input"), (corpus, "is also this command's input"),
+                        (other, "not a `train tgo` output file")):
+        before = out.read_text()
+        assert_one_line_error(invoke(*args, "--out", out), str(out), needle)
+        assert out.read_text() == before and not progress_path(out).exists()
+
+
+def test_tgo_refuses_two_questions_with_one_id(tmp_path):
+    """A resumed run skips the ids it has done: the second question of an id would be lost."""
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"id": "same", "question": q, "golden_answers": ["x"]}) + "\n"
+                            for q in ("What is the capital of Avalon?", "What is the capital of Borduria?")))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in CORPUS))
+    out = tmp_path / "tgo.jsonl"
+    result = invoke("train", "tgo", "--teacher", tmp_path / "no-teacher", "--data", data, "--index", corpus,
+                    "--out", out)
+    assert_one_line_error(result, str(data), "'same'")
+    assert not out.exists()

@@ -175,24 +175,40 @@ def adapter_config(folder: str | Path) -> dict:
     return raw
 
 
-def load_adapter(model: Any, folder: str | Path, save_dtype: str = "bf16") -> Any:
-    """Inject the adapter saved in `folder` into a base `model` and load its weights (and norms);
-    they train from there (`save_dtype`: of the adapters this model's checkpoints will save)."""
-    import torch
-    from safetensors.torch import load_file
-
+def read_adapter(folder: str | Path, save_dtype: str = "bf16") -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(LoRASection, adapter tensors, norm tensors) of the adapter saved in `folder`, each file checked:
+    a missing, cut or foreign one is an InputError naming it, before any model is loaded or touched."""
     from .config import LoRASection
 
     folder = Path(folder)
     raw = adapter_config(folder)
     norms_file = folder / "norms.safetensors"
-    section = LoRASection(r=int(raw["r"]), alpha=float(raw["lora_alpha"]), dropout=float(raw["lora_dropout"]),
-                          target_modules=sorted(raw["target_modules"]), train_norms=norms_file.is_file(),
-                          save_dtype=save_dtype)
+    try:
+        section = LoRASection(r=int(raw["r"]), alpha=float(raw["lora_alpha"]),
+                              dropout=float(raw["lora_dropout"]), target_modules=sorted(raw["target_modules"]),
+                              train_norms=norms_file.is_file(), save_dtype=save_dtype)
+    except (KeyError, TypeError, ValueError) as e:   # a hand-edited or foreign config: say which key
+        raise InputError(f"not a LoRA adapter config (r, lora_alpha, lora_dropout, target_modules: "
+                         f"{type(e).__name__} {e})", folder / "adapter_config.json") from None
+    weights = _read_tensors(folder / "adapter_model.safetensors")
+    norms = _read_tensors(norms_file) if norms_file.is_file() else {}
+    return section, weights, norms
+
+
+def load_adapter(model: Any, folder: str | Path, save_dtype: str = "bf16",
+                 adapter: tuple[Any, dict[str, Any], dict[str, Any]] | None = None) -> Any:
+    """Inject the adapter saved in `folder` into a base `model` and load its weights (and norms);
+    they train from there (`save_dtype`: of the adapters this model's checkpoints will save).
+    `adapter`: what `read_adapter(folder)` returned, for a caller that checked it before loading the model."""
+    import torch
+
+    folder = Path(folder)
+    section, weights, norms = adapter or read_adapter(folder, save_dtype)
+    norms_file = folder / "norms.safetensors"
     apply_lora(model, section)
     params = dict(model.named_parameters())
     saved = {key.removeprefix(PEFT_PREFIX).replace(".weight", ".default.weight"): value
-             for key, value in load_file(str(folder / "adapter_model.safetensors")).items()}
+             for key, value in weights.items()}
     unknown = sorted(set(saved) - set(params))
     unfilled = sorted(n for n in params if "lora_" in n and n not in saved)
     if unknown or unfilled:  # an adapter made for another depth or architecture
@@ -205,10 +221,26 @@ def load_adapter(model: Any, folder: str | Path, save_dtype: str = "bf16") -> An
                 raise InputError(f"the adapter does not fit the model: {name} is {tuple(value.shape)} in the adapter, "
                                  f"{tuple(params[name].shape)} in the model", folder)
             params[name].copy_(value.to(params[name].dtype))
-        if norms_file.is_file():
-            for name, value in load_file(str(norms_file)).items():
-                params[name].copy_(value.to(params[name].dtype))
+        for name, value in norms.items():   # norms of another model: the same refusal, not a KeyError
+            if name not in params or params[name].shape != value.shape:
+                raise InputError(f"the adapter's norms do not fit the model: {name} "
+                                 f"{'has no place in it' if name not in params else 'has another shape'}",
+                                 norms_file)
+            params[name].copy_(value.to(params[name].dtype))
     return model
+
+
+def _read_tensors(path: Path) -> dict[str, Any]:
+    """Every tensor of a safetensors file; a missing, cut or foreign file is an InputError naming it."""
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise InputError("no such file (an adapter folder holds adapter_config.json and "
+                         "adapter_model.safetensors)", path)
+    try:
+        return load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError (and OSError)
+        raise InputError(f"not a readable safetensors file ({e})", path) from None
 
 
 def merged_copy(model: Any) -> Any:
@@ -231,11 +263,13 @@ def merged_copy(model: Any) -> Any:
 def merge_adapter(base_dir: str | Path, adapter_dir: str | Path, out: str | Path) -> Path:
     """`dgpo-edge model merge`: a base checkpoint plus a saved adapter -> a checkpoint like a LoRA
     run's (merged weights, `adapter/` beside them). RL can then start from a shipped student."""
-    from .models import check_out, load_checkpoint
+    from .models import check_checkpoint, check_out, load_checkpoint
 
     check_out(out, base_dir, adapter_dir)
+    check_checkpoint(base_dir)
+    adapter = read_adapter(adapter_dir)   # a broken adapter fails before the base loads, in one line
     model, tokenizer = load_checkpoint(base_dir)
-    load_adapter(model, adapter_dir)
+    load_adapter(model, adapter_dir, adapter=adapter)
     return save_checkpoint(model, tokenizer, out, extra={
         "source": str(base_dir), "adapter": str(adapter_dir), "made_by": "dgpo-edge model merge"})
 

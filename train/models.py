@@ -273,7 +273,8 @@ def check_out(out: str | Path, *sources: str | Path, mine: Callable[[Path], bool
               what: str = "a model directory") -> None:
     """Before the work: --out must be replaceable (check_replaceable; `mine` and `what` for another
     kind of output folder) and not one of the command's own inputs, which the finished checkpoint
-    would replace (`model prune m --out m`)."""
+    would replace (`model prune m --out m`), nor a folder holding one, which replacing it would
+    delete (`model merge base --adapter best/adapter --out best`)."""
     out = Path(out)
     for source in sources:
         # samefile also catches a case-insensitive file system's other spelling (m and M on macOS)
@@ -281,6 +282,9 @@ def check_out(out: str | Path, *sources: str | Path, mine: Callable[[Path], bool
         if same or out.resolve() == Path(source).resolve():
             raise InputError("is also this command's input, which the result would replace; give --out "
                              "another folder", out)
+        if Path(source).resolve().is_relative_to(out.resolve()):
+            raise InputError(f"holds this command's input {source}, which replacing the folder would delete; "
+                             "give --out another folder", out)
     jsonio_check_replaceable(out, mine or _is_model, what)
 
 
@@ -339,7 +343,7 @@ def from_gguf(gguf_file: str | Path, out: str | Path, as_arch: str | None = None
     """`dgpo-edge model from-gguf`: GGUF -> transformers checkpoint (optionally as Qwen2)."""
     if as_arch not in (None, "qwen2"):
         raise InputError(f"--as must be qwen2, got {as_arch!r}")
-    check_out(out)   # before the dequantization, not after it
+    check_out(out, gguf_file)   # before the dequantization, not after it
     model, tokenizer = load_gguf(gguf_file)
     if as_arch == "qwen2" and model.config.model_type != "qwen2":
         model = llama_to_qwen2(model)

@@ -156,7 +156,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, metrics: Sequence
     if out.is_dir():
         raise InputError("is a directory, expected an image file name", out)
     runs = [read_run(d) for d in run_dirs]
-    labels = list(labels) if labels is not None else [Path(d).resolve().name for d in run_dirs]
+    labels = list(labels) if labels is not None else default_labels(run_dirs)
     panels = _choose_metrics(runs, metrics)
     Figure, FigureCanvasAgg, Line2D, MaxNLocator = _matplotlib()
     fmt = out.suffix.lstrip(".").lower() or "png"
@@ -186,6 +186,14 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, metrics: Sequence
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format=fmt, dpi=DPI)
     return panels
+
+
+def default_labels(run_dirs: Sequence[str | Path]) -> list[str]:
+    """Each run's folder name; runs named alike (seed0/dgpo, seed1/dgpo) get their parent folder's
+    name too, so the legend tells them apart."""
+    paths = [Path(d).resolve() for d in run_dirs]
+    names = [p.name for p in paths]
+    return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
 
 
 def _choose_metrics(runs: list[dict[str, Series]], metrics: Sequence[str] | None) -> list[str]:

@@ -61,10 +61,16 @@ def trajectory_row(example: QAExample, rollout: Rollout, sample: int, teacher: s
             "sample": sample, "teacher": teacher, "searches": rollout.n_searches}
 
 
+# What every row of each file carries besides its id: a question file, a corpus or an oracle.jsonl
+# given as --out has ids too, and would pass for a finished run (its questions "already done",
+# trajectories appended to a corpus).
+_ROW_MARKS = {"output": "segments", "progress": "samples"}
+
+
 def done_ids(out: str | Path) -> set[str]:
     """Questions already handled: named in the progress file or in the output."""
     done: set[str] = set()
-    for path in (Path(out), progress_path(out)):
+    for kind, path in (("output", Path(out)), ("progress", progress_path(out))):
         if path.is_dir():
             raise InputError("is a folder; --out names the .jsonl file the trajectories go to", path)
         if not path.is_file():
@@ -77,8 +83,9 @@ def done_ids(out: str | Path) -> set[str]:
             row = parse_json_line(raw, path, line)
             if row is None:
                 continue
-            if "id" not in row:
-                raise InputError("row has no 'id'; not a `train tgo` file", path, line)
+            missing = [k for k in ("id", _ROW_MARKS[kind]) if k not in row]
+            if missing:
+                raise InputError(f"row has no {missing[0]!r}; not a `train tgo` {kind} file", path, line)
             done.add(str(row["id"]))
         if torn:
             cut_torn_last_line(path)

@@ -105,11 +105,21 @@ def key(ex: QAExample) -> str:
     return f"{ex.source}/{ex.id}"
 
 
-def _done_records(path: Path) -> dict[str, dict[str, Any]]:
+def check_out(out: str | Path, overwrite: bool = False) -> None:
+    """The checks of `out` that need no model (`evaluate` makes them again, under the lock): someone
+    else's files, damaged predictions. For a caller to make before the model loads (or the default
+    bundle is built), so that a refusal comes before any long work. Changes nothing."""
+    out = Path(out).expanduser()
+    _check_own_folder(out)
+    if not overwrite:   # --overwrite discards the predictions, damaged or not
+        _done_records(out / PREDICTIONS, cut=False)
+
+
+def _done_records(path: Path, cut: bool = True) -> dict[str, dict[str, Any]]:
     """Records already in predictions.jsonl, read in bounded lines (`jsonio.iter_lines`).
 
-    A torn last line (a crash mid-write: no newline) is cut off so appends start on a clean
-    line. Any other damage - a blank, malformed or key-less line anywhere, or a torn line
+    A torn last line (a crash mid-write: no newline) is cut off (unless not `cut`) so appends start
+    on a clean line. Any other damage - a blank, malformed or key-less line anywhere, or a torn line
     that is not the last - is refused naming the line, and the file is left as it is:
     dropping it and what follows would silently lose records.
     """
@@ -125,9 +135,27 @@ def _done_records(path: Path) -> dict[str, dict[str, Any]]:
             raise _damaged(path, lineno, e.message) from None
         if rec is None or not isinstance(rec.get("key"), str):
             raise _damaged(path, lineno, "a blank line" if rec is None else 'a record without "key"')
+        if (problem := _record_problem(rec)) is not None:
+            raise _damaged(path, lineno, problem)
         done[rec["key"]] = rec
-    cut_torn_last_line(path)   # only now that the lines before it all proved sound
+    if cut:
+        cut_torn_last_line(path)   # only now that the lines before it all proved sound
     return done
+
+
+# What the report reads of every record (make_report, arc.outcome): a record without one of these,
+# or with a value of another type, would end a long evaluation in a traceback, with no report.
+_RECORD_NUMBERS = ("em", "f1", "cover_em", "searches", "hit", "turns", "invalid_turns", "answered")
+
+
+def _record_problem(rec: dict[str, Any]) -> str | None:
+    """Why a predictions record cannot go into the report, or None when it can."""
+    if not isinstance(rec.get("source"), str):
+        return 'a record without a "source" string'
+    for name in _RECORD_NUMBERS:
+        if not isinstance(rec.get(name), (int, float)):
+            return f'a record whose "{name}" is {"missing" if name not in rec else "not a number"}'
+    return None
 
 
 def _damaged(path: Path, lineno: int, what: str) -> InputError:

@@ -45,10 +45,11 @@ def eval_command(
     """Evaluate the agent on QA files: EM, F1, cover-EM and ARC per dataset and on average."""
     from rich.progress import TextColumn
 
-    from ..agent.evaluate import evaluate, load_questions
+    from ..agent.evaluate import check_out, evaluate, load_questions
     from ..progress import add_stage, stage_progress
 
     questions = load_questions(data, limit=limit, fmt=fmt)   # bad files fail before the model loads
+    check_out(out, overwrite)   # so does a wrong --out (and before the default bundle is built)
     agent = agent_options(bundle, model, index, threads, top_k, max_searches_of(max_searches, old_max_turns),
                           gpu_layers=gpu_layers)
     settings = {"agent": _settings(agent.info)}

@@ -26,7 +26,8 @@ def plot(
              "(default, from the columns the runs have: RL runs reward, dev_em, response_length, kl_teacher, "
              "entropy, value_loss; SFT/KD runs loss, dev_em, dev_f1, dev_loss, lr, grad_norm)."),
     label: Optional[list[str]] = typer.Option(None, "--label",
-                                              help="Legend label of a run, once per run in order (default: folder names)."),
+                                              help="Legend label of a run, once per run in order (default: folder names, "
+                                                   "with the parent folder where two are alike)."),
     smooth: int = typer.Option(1, "--smooth", help="Moving average over N logged training steps (1 = raw); "
                                                    "dev evaluations are drawn as logged."),
 ) -> None:

@@ -6,6 +6,7 @@ imported only when the command runs.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -61,10 +62,12 @@ def tgo_command(
         raise InputError("no questions", data)
     if not all(ex.answers for ex in examples):
         raise InputError("every question needs gold answers (only correct trajectories are kept)", data)
+    _check_distinct_ids(examples, data)
     config = TgoConfig(n=n, rollout=RolloutConfig(
         protocol=ProtocolConfig(top_k=top_k, max_searches=max_searches,
                                 max_turn_tokens=max_turn_tokens), temperature=temperature,
         top_p=top_p, seed=seed, batch_size=batch_size, engine=engine, chat_template=chat_template))
+    _check_not_an_input(out, data, index)
     done_ids(out)   # an --out that is no `train tgo` file fails before anything loads
     with open_retriever(str(index)) as retriever:  # before the teacher loads: a bad --index fails fast
         model, tokenizer = load_teacher(teacher, device, dtype)
@@ -75,6 +78,27 @@ def tgo_command(
     console.print(f"{stats.processed} questions sampled ({stats.skipped} already done), "
                   f"{stats.solved} solved, {stats.correct}/{stats.samples} samples correct, "
                   f"{stats.written} trajectories written to {out}", highlight=False)
+
+
+def _check_distinct_ids(examples: list, data: Path) -> None:
+    """A resumed run skips every question whose id it has done: a second question with the same id
+    would be skipped without a word (and the trajectories of the two mixed under one id)."""
+    seen: set[str] = set()
+    for ex in examples:
+        if ex.id in seen:
+            raise InputError(f"two questions have the id {ex.id!r}; a run resumes by id, so each needs its own",
+                             data)
+        seen.add(ex.id)
+
+
+def _check_not_an_input(out: Path, *inputs: Path) -> None:
+    """--out must not be the questions or the corpus: trajectories would be appended to them (an
+    oracle.jsonl given as both would pass for a finished run, every question "already done")."""
+    for source in inputs:
+        same = out.exists() and source.exists() and os.path.samefile(out, source)
+        if same or out.resolve() == source.resolve():
+            raise InputError("is also this command's input, which the trajectories would be appended to; "
+                             "give --out another file", out)
 
 
 def load_teacher(path: Path, device: str | None, dtype: str):
