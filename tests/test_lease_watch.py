@@ -22,6 +22,8 @@ def test_watch_returns_results_and_each_adapter_under_a_name_a_call_returns(tmp_
     adapter = tree / "out" / "pack" / "worlds-dgpo-lora-all-24l+lr5e5-adapter"
     adapter.mkdir(parents=True)
     (adapter / "adapter_model.safetensors").write_bytes(b"lora")
+    (tree / "out" / "results").mkdir()
+    (tree / "out" / "results" / "rows.jsonl").write_text('{"method": "rl50-grpo-s1"}\n')
     (tree / "out" / "logs").mkdir()
     (tree / "out" / "logs" / "rl-dgpo-s0.log").write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
     returned = tmp_path / "returned"
@@ -36,3 +38,4 @@ def test_watch_returns_results_and_each_adapter_under_a_name_a_call_returns(tmp_
         assert "worlds-dgpo-lora-all-24l+lr5e5-adapter/adapter_model.safetensors" in tgz.getnames()
     with tarfile.open(returned / "results.tgz") as tgz:
         assert "results/worlds-dgpo-lora-all-24l+lr5e5.eval.csv" in tgz.getnames()
+        assert "results/rows.jsonl" in tgz.getnames()   # a lease's rows written under out/results

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, a watch call: wait, print where the lease's jobs stand, and bring back the small
 # results (the lanes' evaluations, bench/worlds_loo.sh's as worlds-eval.WORLD.jsonl, per-run metrics, dev evaluations and reports, bench/rl_cost.py's runs, and any
-# JSON or log a job wrote under out/results/, e.g. bench/rollout.py --out out/results/rollout.json) as
+# JSON, JSON lines or log a job wrote under out/results/ (a lease's rows.jsonl stayed behind before), e.g. bench/rollout.py --out out/results/rollout.json) as
 # $OUT/results.tgz, which a call returns (at most 8 files of 16 MiB), and each KD adapter in out/pack as
 # $OUT/NAME-adapter.tgz.
 #   bash bench/lease/watch.sh SECONDS
@@ -22,7 +22,7 @@ for f in $(grep -l "^Traceback" out/logs/*.log out/results/*.log 2>/dev/null | g
   echo "!! $f: $(grep -E "^[A-Za-z_.]+(Error|Exception)" "$f" | tail -n 1 | cut -c1-200)"; done
 [ -n "${OUT:-}" ] || exit 0
 r=$(mktemp -d)/results; mkdir -p "$r"
-cp out/eval/*.jsonl out/results/*.json out/results/*.log out/bench-rl-cost/results.json "$r/" 2>/dev/null
+cp out/eval/*.jsonl out/results/*.json out/results/*.jsonl out/results/*.log out/bench-rl-cost/results.json "$r/" 2>/dev/null
 for f in out/worlds-eval/*.jsonl; do [ -f "$f" ] && cp "$f" "$r/worlds-eval.$(basename "$f")"; done
 for d in out/runs/* out/bench-rl-cost/run-*; do
   for f in metrics.csv eval.csv report.jsonl summary.json; do [ -f "$d/$f" ] && cp "$d/$f" "$r/$(basename "$d").$f"; done
