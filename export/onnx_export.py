@@ -20,7 +20,7 @@ from typing import Any
 from dgpo_edge.engines.onnx_genai import OnnxGenaiEngine
 from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import replace_dir
-from dgpo_edge.train.models import check_out
+from dgpo_edge.train.models import check_out, written_here, write_provenance
 
 from .checkpoint import open_checkpoint
 from .parity import (PARITY_TEXTS, Reference, compare_logits, compare_tokenizers, judge,
@@ -48,7 +48,8 @@ def export_onnx(model: str | Path, out: str | Path, precision: str = "int4",
     out = Path(out).absolute()   # `--out .` has no name to put the temp folder beside
     # nor the checkpoint itself (its weights would go with the old folder), nor any folder but an
     # earlier ONNX export: a transformers checkpoint given by mistake would be replaced whole
-    check_out(out, ckpt.path, mine=is_onnx_export, what="an ONNX export (genai_config.json and model.onnx)")
+    check_out(out, ckpt.path, mine=is_onnx_export,
+              what="an ONNX export dgpo-edge wrote (genai_config.json and model.onnx), with nothing added")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as work:
         build = Path(work) / "model"
@@ -61,12 +62,18 @@ def export_onnx(model: str | Path, out: str | Path, precision: str = "int4",
         if proc.returncode != 0 or not (build / "genai_config.json").is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise InputError(f"onnxruntime-genai's builder failed: {tail[0]}", ckpt.path)
+        write_provenance(build, {"made_by": "dgpo-edge export onnx", "source": str(ckpt.path), "precision": precision})
         _replace_dir(build, out)
     return out
 
 
+ONNX_PARITY = "onnx.parity.json"   # written into the export by its check (parity.parity_path)
+
+
 def is_onnx_export(folder: Path) -> bool:
-    return (folder / "genai_config.json").is_file() and next(folder.glob("*.onnx"), None) is not None
+    """An earlier export of ours, holding nothing someone added (what --out may replace)."""
+    return ((folder / "genai_config.json").is_file() and next(folder.glob("*.onnx"), None) is not None
+            and written_here(folder, also=(ONNX_PARITY,)))
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

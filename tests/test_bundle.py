@@ -177,6 +177,11 @@ def test_a_bundle_is_replaced_only_with_overwrite(tmp_path: Path, hf_model: Path
     with pytest.raises(InputError, match="a bundle already exists here; pass --overwrite to replace it"):
         build_bundle(hf_model, index_dir, b.path)
     verify(build_bundle(hf_model, index_dir, b.path, overwrite=True).path)
+    # a file someone put in it: --overwrite replaced the bundle whole and deleted it
+    (b.path / "notes.txt").write_text("what I asked it\n")
+    with pytest.raises(InputError, match=r"holds files its manifest does not list \(notes.txt\)"):
+        build_bundle(hf_model, index_dir, b.path, overwrite=True)
+    assert (b.path / "notes.txt").is_file()
 
 
 @pytest.mark.parametrize("damage,word", [("truncate", "truncated"), ("flip", "changed"), ("remove", "missing"),

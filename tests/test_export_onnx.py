@@ -143,6 +143,10 @@ def test_out_replaces_only_an_earlier_onnx_export(tiny_qwen, tmp_path):
         result = invoke("export", "onnx", tiny_qwen, "--out", out, "--precision", "fp32", "--no-verify")
         assert result.exit_code == 0, result.output
     assert (out / "genai_config.json").is_file()
+    (out / "notes.md").write_text("how I use it")   # an export with someone's file in it is no longer ours alone
+    assert_one_line_error(invoke("export", "onnx", tiny_qwen, "--out", out, "--precision", "fp32", "--no-verify"),
+                          "is not an ONNX export")
+    assert (out / "notes.md").is_file()
 
 
 def test_out_dot_fills_the_empty_folder_it_runs_in(tiny_qwen, tmp_path, monkeypatch):

@@ -167,7 +167,8 @@ def test_save_checkpoint_writes_the_merged_model_and_the_adapter(tmp_path):
             if "lora_B" in name:
                 p.normal_(std=0.1)   # peft starts B at zero: make the adapter change the outputs
     out = save_checkpoint(model, None, tmp_path / "best", extra={"step": 3})
-    assert json.loads((out / "dgpo_edge.json").read_text()) == {"step": 3}
+    made = json.loads((out / "dgpo_edge.json").read_text())
+    assert made["step"] == 3 and "adapter/adapter_model.safetensors" in made["files"]   # what it wrote
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
     merged = load_checkpoint(out)[0].eval()
     ids = torch.tensor([[1, 5, 40, 200, 7]])

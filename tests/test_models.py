@@ -180,12 +180,22 @@ def test_prune_exact_layers_and_atomic_replace(smol_qwen_dir, tmp_path):
     result = invoke("model", "prune", smol_qwen_dir, "--layers", "0,1,29", "--out", out)
     assert_one_line_error(result, "not a model directory")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "stale.txt"]
-    (out / "model.safetensors").write_bytes(b"")  # config and weights: an earlier checkpoint, replaced as a whole
+    # config and weights but not written here (a download, with its notes): refused, not replaced whole
+    (out / "model.safetensors").write_bytes(b"")
     result = invoke("model", "prune", smol_qwen_dir, "--layers", "0,1,29", "--out", out)
+    assert_one_line_error(result, "not a model directory")
+    assert (out / "stale.txt").read_text() == "old"
+    for f in ("stale.txt", "config.json", "model.safetensors"):
+        (out / f).unlink()
+    assert invoke("model", "prune", smol_qwen_dir, "--layers", "0,29", "--out", out).exit_code == 0
+    result = invoke("model", "prune", smol_qwen_dir, "--layers", "0,1,29", "--out", out)  # ours: replaced
     assert result.exit_code == 0, result.output
-    assert not (out / "stale.txt").exists()  # replaced as a whole
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+    (out / "README.md").write_text("my notes on this model")   # ours, with someone's file added: refused
+    assert_one_line_error(invoke("model", "prune", smol_qwen_dir, "--layers", "0,29", "--out", out),
+                          "not a model directory")
+    assert (out / "README.md").is_file()
 
 
 @pytest.mark.parametrize("args, needle", [

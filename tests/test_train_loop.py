@@ -77,10 +77,15 @@ def test_sft_loss_falls_and_every_parameter_changes(toy, tmp_path):
 
 
 @pytest.mark.parametrize("theirs", [{"notes.md": "mine"}, {"metrics.csv": "my,table\n"}], ids=["notes", "run-names"])
-def test_run_out_dir_of_someone_elses_files_is_refused(toy, tmp_path, theirs):
-    """run.out_dir naming a person's folder: refused before a file is written, and left as it was."""
+def test_run_out_dir_of_someone_elses_files_is_refused(toy, tmp_path, theirs, monkeypatch):
+    """run.out_dir naming a person's folder: refused before a file is written, and left as it was,
+    and before the model loads (it was checked only once the model and data were ready)."""
     from dgpo_edge.errors import InputError
 
+    def no_model(*a, **k):
+        raise AssertionError("the model loaded before run.out_dir was checked")
+
+    monkeypatch.setattr("dgpo_edge.train.models.load_lm", no_model)
     out = tmp_path / "theirs"
     out.mkdir()
     for name, text in theirs.items():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dgpo_edge.errors import InputError
@@ -79,10 +80,11 @@ def run_kd(config: KDConfig, on_step: Callable | None = None) -> dict:
     from .compiled_layers import compile_models
     from .lora import apply_lora
     from .losses import MaskedLMLoss, teacher_targets
-    from .plumbing import make_accelerator, whole_weights, zero_stage
+    from .plumbing import check_run_dir, make_accelerator, whole_weights, zero_stage
     from .trainer import Trainer, check_zero3
 
     require_data_files(config.data)
+    check_run_dir(Path(config.run.out_dir), config.stage)   # before the models load, not after
     accelerator = make_accelerator(config)
     check_zero3(config, zero_stage(accelerator), accelerator.num_processes)
     torch.manual_seed(config.run.seed)

@@ -121,15 +121,14 @@ def save_checkpoint(model: Any, tokenizer: Any, out: str | Path, extra: dict | N
 
     if not is_lora(model):
         return save_plain(model, tokenizer, out, extra)
-    from .models import atomic_dir
+    from .models import atomic_dir, write_provenance
 
     out = Path(out)
     with atomic_dir(out) as tmp:
         save_weights(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        if extra:
-            (tmp / "dgpo_edge.json").write_text(json.dumps(extra, indent=2) + "\n")
+        write_provenance(tmp, extra)
     return out
 
 

@@ -253,24 +253,41 @@ def prune_layers(model: Any, keep: Sequence[int]) -> Any:
     return model
 
 
-# An existing output directory is replaced only when it holds an earlier model: one of these configs
-# and weights beside it. A config.json alone is no mark: many a project folder has one.
+# An existing output directory is replaced only when it holds a model dgpo-edge wrote: a config with
+# weights beside it and our dgpo_edge.json, which lists the files written (a folder with any other
+# file, a README or notes someone added, is refused). A config.json alone is no mark: many a project
+# folder has one, and a downloaded checkpoint has weights too.
 _MODEL_MARKERS = ("config.json", "genai_config.json")
 _WEIGHTS = ("*.safetensors", "*.bin", "*.onnx")
 
 
 def _is_model(out: Path) -> bool:
     return (any((out / m).is_file() for m in _MODEL_MARKERS)
-            and any(next(out.glob(pattern), None) is not None for pattern in _WEIGHTS))
+            and any(next(out.glob(pattern), None) is not None for pattern in _WEIGHTS) and written_here(out))
+
+
+def written_here(folder: Path, also: tuple[str, ...] = ()) -> bool:
+    """Whether `folder` holds what dgpo-edge wrote there and nothing else: its dgpo_edge.json and
+    the files that lists (`also`: files a later step adds, such as a parity report). A folder
+    without one is a download or another tool's; a dgpo_edge.json from before files were listed
+    is taken at its word."""
+    try:
+        written = json.loads((folder / PROVENANCE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(written, dict) or not isinstance(written.get("files"), list):
+        return isinstance(written, dict)
+    held = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")}
+    return held <= {*map(str, written["files"]), PROVENANCE, *also}
 
 
 def check_replaceable(out: Path) -> None:
     """Refuse to replace a file, or a non-empty directory that is not a model we wrote."""
-    jsonio_check_replaceable(out, _is_model, "a model directory")
+    jsonio_check_replaceable(out, _is_model, "a model directory dgpo-edge wrote, with nothing added")
 
 
 def check_out(out: str | Path, *sources: str | Path, mine: Callable[[Path], bool] | None = None,
-              what: str = "a model directory") -> None:
+              what: str = "a model directory dgpo-edge wrote, with nothing added") -> None:
     """Before the work: --out must be replaceable (check_replaceable; `mine` and `what` for another
     kind of output folder) and not one of the command's own inputs, which the finished checkpoint
     would replace (`model prune m --out m`), nor a folder holding one, which replacing it would
@@ -291,7 +308,7 @@ def check_out(out: str | Path, *sources: str | Path, mine: Callable[[Path], bool
 @contextlib.contextmanager
 def atomic_dir(out: str | Path) -> Iterator[Path]:
     """jsonio.atomic_dir for a model folder: a folder that holds something else is not replaced."""
-    with jsonio_atomic_dir(out, _is_model, "a model directory") as tmp:
+    with jsonio_atomic_dir(out, _is_model, "a model directory dgpo-edge wrote, with nothing added") as tmp:
         yield tmp
 
 
@@ -306,9 +323,19 @@ def save_checkpoint(model: Any, tokenizer: Any, out: str | Path,
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        if extra:
-            (tmp / "dgpo_edge.json").write_text(json.dumps(extra, indent=2) + "\n")
+        write_provenance(tmp, extra)
     return out
+
+
+PROVENANCE = "dgpo_edge.json"
+
+
+def write_provenance(folder: Path, extra: dict[str, Any] | None) -> None:
+    """`dgpo_edge.json`: what produced the checkpoint in `folder`, and the files it wrote, so that
+    an --out holding them and nothing else is known as ours (`_is_model`), to replace."""
+    if extra:
+        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        (folder / PROVENANCE).write_text(json.dumps({**extra, "files": files}, indent=2) + "\n")
 
 
 def check_checkpoint(path: str | Path) -> Path:

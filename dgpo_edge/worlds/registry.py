@@ -1,8 +1,8 @@
 """The worlds `dgpo-edge data build WORLD` knows, and how to build each.
 
 Every world writes the same files (corpus.jsonl, train/dev/test.jsonl,
-oracle.jsonl, stats.json, manifest.json) from a pinned package or, for notes
-and records, from the seed alone; nothing is fetched at build time.
+oracle.jsonl, stats.json, manifest.json) from a pinned package or, for notes,
+records and catalog, from the seed alone; nothing is fetched at build time.
 """
 
 from __future__ import annotations

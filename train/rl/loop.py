@@ -64,6 +64,7 @@ from ..models import load_frozen, load_lm, load_tokenizer
 from ..plumbing import (
     Loggers,
     SaveClock,
+    check_run_dir,
     evaluate_and_keep_best,
     lr_lambda,
     peak_memory_gb,
@@ -128,6 +129,7 @@ class RLTrainer:
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         self._check_sizes()
         require_data_files(config.data)
+        check_run_dir(self.out, config.stage)   # before the models load, not after
         self._load_data()
         self._load_models()
         self._setup_optim()
