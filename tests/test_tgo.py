@@ -124,6 +124,8 @@ def test_tgo_command_end_to_end_and_bad_input(memorized, smol_tok, tmp_path):
                           "not a transformers model folder")
     # the agent commands' ranges: trajectories with settings a student could not run with are refused
     assert_one_line_error(invoke(*args, "-k", 21), "--top-k must be in 1..20, got 21")
+    # inf samples uniform noise; it was accepted
+    assert_one_line_error(invoke(*args, "--temperature", "inf"), "--temperature must be a finite number > 0")
     assert_one_line_error(invoke(*args, "--max-turns", 17), "--max-turns must be in 0..16, got 17")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "x", "golden_answers": ["y"]}\n{oops\n')

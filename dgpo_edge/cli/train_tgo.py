@@ -6,6 +6,7 @@ imported only when the command runs.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Optional
@@ -55,8 +56,9 @@ def tgo_command(
     check_search_options(top_k, max_searches)
     if engine not in ENGINES:
         raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if temperature <= 0 or top_p <= 0:
-        raise InputError("--temperature and --top-p must be > 0 (tgo samples)")
+    if not 0 < temperature < math.inf or not top_p > 0:   # inf samples uniform noise
+        raise InputError(f"--temperature must be a finite number > 0 and --top-p > 0 (tgo samples), "
+                         f"got {temperature} and {top_p}")
     examples = read_qa(data, limit=limit)
     if not examples:
         raise InputError("no questions", data)
