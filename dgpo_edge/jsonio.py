@@ -145,6 +145,18 @@ def check_holds_only(out: Path, allowed: Iterable[str], what: str, fix: str,
     return names
 
 
+def same_path(a: str | Path, b: str | Path) -> bool:
+    """Whether `a` and `b` name one file or folder: by path, or (both existing) by samefile, which
+    also catches a case-insensitive file system's other spelling (m and M on macOS)."""
+    a, b = Path(a), Path(b)
+    return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+
+
+def visible_files(folder: Path) -> set[str]:
+    """The files under `folder` (posix paths relative to it), hidden ones (.DS_Store) left out."""
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")}
+
+
 @contextlib.contextmanager
 def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
                what: str = "a folder dgpo-edge wrote") -> Iterator[Path]:

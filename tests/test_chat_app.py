@@ -195,6 +195,19 @@ def exchange_views(app: ChatApp) -> list[ExchangeView]:
     return list(app.query(ExchangeView))
 
 
+async def start_thinking_forever(app: ChatApp, pilot) -> None:
+    """Ask an endless agent a question and wait until some of its text has streamed in."""
+    await app.workers.wait_for_complete()
+    app.query_one("#question", Input).insert_text_at_cursor("think forever")
+    await pilot.press("enter")
+
+    def streaming() -> bool:
+        views = exchange_views(app)
+        return bool(views and views[0].exchange.steps and len(views[0].exchange.steps[0].text) > 20)
+
+    await until(pilot, streaming)
+
+
 # --- pilot tests ------------------------------------------------------------------------------------
 
 @asynchronous
@@ -282,14 +295,7 @@ async def test_the_answer_streams_into_markdown(retriever, chats):
 async def test_escape_stops_a_long_generation(retriever, chats):
     app = make_app(scripted_agent(retriever, [], endless=True, token_delay_s=0.002), chats)
     async with app.run_test(size=(100, 30)) as pilot:
-        await app.workers.wait_for_complete()
-        app.query_one("#question", Input).insert_text_at_cursor("think forever")
-        await pilot.press("enter")
-        for _ in range(200):  # until some text has streamed in
-            await pilot.pause(0.01)
-            views = exchange_views(app)
-            if views and views[0].exchange.steps and len(views[0].exchange.steps[0].text) > 20:
-                break
+        await start_thinking_forever(app, pilot)
         assert app.generating
         assert app.screen.active_bindings["escape"].binding.action == "stop"  # the footer offers "Stop"
         # With a dialog open, Esc closes the dialog and the run goes on.
@@ -317,10 +323,7 @@ async def test_escape_stops_a_long_generation(retriever, chats):
 async def test_quitting_mid_answer_keeps_the_question_as_stopped(retriever, chats):
     app = make_app(scripted_agent(retriever, [], endless=True, token_delay_s=0.002), chats)
     async with app.run_test(size=(100, 30)) as pilot:
-        await app.workers.wait_for_complete()
-        app.query_one("#question", Input).insert_text_at_cursor("think forever")
-        await pilot.press("enter")
-        await until(pilot, lambda: len(exchange_views(app)[0].exchange.steps[0].text) > 20)
+        await start_thinking_forever(app, pilot)
         await pilot.press("ctrl+q")
         await pilot.pause()
     [chat] = chats.list_chats()   # before, nothing was saved: the question was gone

@@ -157,15 +157,21 @@ def test_eval_resume_runs_only_missing_questions(engine_script, index_dir: Path,
     assert r.exit_code == 0 and len((out / PREDICTIONS).read_text().splitlines()) == 3
 
 
-@pytest.mark.parametrize("damage", [b"\n", b"{not json\n", b'{"no_key": 1}\n'])
-def test_eval_resume_refuses_a_damaged_line_before_the_last(engine_script, index_dir: Path, tmp_path: Path,
-                                                           damage: bytes):
-    """Only a torn last line is dropped on resume; damage before it is refused and nothing is cut."""
+def _evaluated(engine_script, index_dir: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(questions, model, out) of a finished evaluation of the scripted questions."""
     turns, model, _ = engine_script
     turns += SCRIPT
     data = write_questions(tmp_path / "fbqa.jsonl")
     out = tmp_path / "out"
     assert invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out).exit_code == 0
+    return data, model, out
+
+
+@pytest.mark.parametrize("damage", [b"\n", b"{not json\n", b'{"no_key": 1}\n'])
+def test_eval_resume_refuses_a_damaged_line_before_the_last(engine_script, index_dir: Path, tmp_path: Path,
+                                                           damage: bytes):
+    """Only a torn last line is dropped on resume; damage before it is refused and nothing is cut."""
+    data, model, out = _evaluated(engine_script, index_dir, tmp_path)
     lines = (out / PREDICTIONS).read_bytes().splitlines(keepends=True)
     damaged = lines[0] + damage + b"".join(lines[1:])
     (out / PREDICTIONS).write_bytes(damaged)
@@ -182,11 +188,7 @@ def test_eval_resume_refuses_a_record_the_report_cannot_read_before_the_model_lo
     """A record with its key but a field the report needs missing or of another type (a hand edit):
     one error line naming the line, before the model loads, not a KeyError once every question ran.
     A folder of someone else's files is refused before the model loads too."""
-    turns, model, _ = engine_script
-    turns += SCRIPT
-    data = write_questions(tmp_path / "fbqa.jsonl")
-    out = tmp_path / "out"
-    assert invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out).exit_code == 0
+    data, model, out = _evaluated(engine_script, index_dir, tmp_path)
     lines = (out / PREDICTIONS).read_text().splitlines(keepends=True)
     damaged = lines[0] + json.dumps(edit(json.loads(lines[1]))) + "\n" + lines[2]
     (out / PREDICTIONS).write_text(damaged)

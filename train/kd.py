@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from dgpo_edge.errors import InputError
 from dgpo_edge.protocol import STOP_STRINGS
 
 from .config import KDConfig
-from .data import Example, collate, load_trajectories, report_data, require_data_files
+from .data import Example, collate, load_trajectories, report_data
 from .evaluation import make_eval_fn
 from .models import load_frozen, load_lm
 
@@ -80,11 +79,10 @@ def run_kd(config: KDConfig, on_step: Callable | None = None) -> dict:
     from .compiled_layers import compile_models
     from .lora import apply_lora
     from .losses import MaskedLMLoss, teacher_targets
-    from .plumbing import check_run_dir, make_accelerator, whole_weights, zero_stage
+    from .plumbing import check_before_loading, make_accelerator, whole_weights, zero_stage
     from .trainer import Trainer, check_zero3
 
-    require_data_files(config.data)
-    check_run_dir(Path(config.run.out_dir), config.stage)   # before the models load, not after
+    check_before_loading(config)
     accelerator = make_accelerator(config)
     check_zero3(config, zero_stage(accelerator), accelerator.num_processes)
     torch.manual_seed(config.run.seed)

@@ -35,6 +35,7 @@ from typing import Any
 
 from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import atomic_dir as jsonio_atomic_dir, check_replaceable as jsonio_check_replaceable
+from dgpo_edge.jsonio import same_path, visible_files
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -277,8 +278,7 @@ def written_here(folder: Path, also: tuple[str, ...] = ()) -> bool:
         return False
     if not isinstance(written, dict) or not isinstance(written.get("files"), list):
         return isinstance(written, dict)
-    held = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")}
-    return held <= {*map(str, written["files"]), PROVENANCE, *also}
+    return visible_files(folder) <= {*map(str, written["files"]), PROVENANCE, *also}
 
 
 def check_replaceable(out: Path) -> None:
@@ -294,9 +294,7 @@ def check_out(out: str | Path, *sources: str | Path, mine: Callable[[Path], bool
     delete (`model merge base --adapter best/adapter --out best`)."""
     out = Path(out)
     for source in sources:
-        # samefile also catches a case-insensitive file system's other spelling (m and M on macOS)
-        same = out.exists() and Path(source).exists() and os.path.samefile(out, source)
-        if same or out.resolve() == Path(source).resolve():
+        if same_path(out, source):
             raise InputError("is also this command's input, which the result would replace; give --out "
                              "another folder", out)
         if Path(source).resolve().is_relative_to(out.resolve()):
@@ -334,7 +332,7 @@ def write_provenance(folder: Path, extra: dict[str, Any] | None) -> None:
     """`dgpo_edge.json`: what produced the checkpoint in `folder`, and the files it wrote, so that
     an --out holding them and nothing else is known as ours (`_is_model`), to replace."""
     if extra:
-        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        files = sorted(visible_files(folder))
         (folder / PROVENANCE).write_text(json.dumps({**extra, "files": files}, indent=2) + "\n")
 
 

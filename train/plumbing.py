@@ -220,6 +220,16 @@ RUN_FILES = frozenset({"config.yaml", "metrics.csv", "eval.csv", "report.jsonl",
                        "tb", "wandb"})
 
 
+def check_before_loading(config: Any) -> None:
+    """What a run can check before any model loads, so that a mistake costs no loading time: the
+    files of data.train, data.dev and data.report, and run.out_dir (prepare_run_dir checks it again
+    once the models are loaded, on every process together)."""
+    from .data import require_data_files
+
+    require_data_files(config.data)
+    check_run_dir(Path(config.run.out_dir), config.stage)
+
+
 def check_run_dir(out: Path, stage: str | None = None) -> None:
     """Refuse a run.out_dir that is a file or lies under one, or a folder of anything but a training run:
     a run writes its config, metrics and checkpoints there, and replaces or removes the files of those names.

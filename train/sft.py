@@ -10,7 +10,6 @@ the trainer (trainer.py), and nothing imports it but the CLI.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .config import SFTConfig
@@ -21,16 +20,15 @@ def run_sft(config: SFTConfig, on_step: Callable | None = None) -> dict:
     import torch
 
     from .compiled_layers import compile_models
-    from .data import load_trajectories, report_data, require_data_files
+    from .data import load_trajectories, report_data
     from .evaluation import make_eval_fn
     from .lora import apply_lora
     from .losses import MaskedLMLoss
     from .models import load_lm
-    from .plumbing import check_run_dir, make_accelerator, whole_weights, zero_stage
+    from .plumbing import check_before_loading, make_accelerator, whole_weights, zero_stage
     from .trainer import Trainer, check_zero3
 
-    require_data_files(config.data)
-    check_run_dir(Path(config.run.out_dir), config.stage)   # before the model loads, not after
+    check_before_loading(config)
     accelerator = make_accelerator(config)
     check_zero3(config, zero_stage(accelerator), accelerator.num_processes)
     torch.manual_seed(config.run.seed)

@@ -52,7 +52,7 @@ from typing import Any
 
 from .. import __version__, digests, protocol
 from ..errors import InputError
-from ..jsonio import BUNDLE_FORMAT, check_replaceable, file_digest, replace_dir, write_json
+from ..jsonio import BUNDLE_FORMAT, check_replaceable, file_digest, replace_dir, visible_files, write_json
 from ..protocol import ProtocolConfig
 from .integrity import check_layout
 
@@ -500,24 +500,29 @@ def claim_partial(work: Path) -> Path:
     return work
 
 
-def is_bundle(folder: Path) -> bool:
-    """Whether `folder` holds a bundle's manifest (what --overwrite may replace)."""
+def _bundle_manifest(folder: Path) -> dict[str, Any] | None:
+    """The manifest of the bundle in `folder`, unchecked, or None when it holds none."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+def is_bundle(folder: Path) -> bool:
+    """Whether `folder` holds a bundle's manifest."""
+    return _bundle_manifest(folder) is not None
 
 
 def is_own_bundle(folder: Path) -> bool:
     """A bundle that holds only its manifest and the files it lists: what --overwrite may replace
     whole. A bundle with a file someone added (notes beside the model) is refused, naming the file,
     not deleted with it."""
-    if not is_bundle(folder):
+    manifest = _bundle_manifest(folder)
+    if manifest is None:
         return False
-    listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("files")
-    held = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")}
-    added = sorted(held - {*(listed if isinstance(listed, dict) else ()), MANIFEST})
+    listed = manifest.get("files")
+    added = sorted(visible_files(folder) - {*(listed if isinstance(listed, dict) else ()), MANIFEST})
     if added:
         raise InputError(f"holds files its manifest does not list ({', '.join(added[:3])}"
                          f"{', ...' if len(added) > 3 else ''}), which replacing it would delete; "

@@ -119,7 +119,7 @@ def update(
 
 def _print_update(r: dict) -> None:
     for s in r["unlisted"]:   # its notes stay in the index: not known to be gone
-        console.print(f"  skipped {escape(printable(s['path']))}: {escape(printable(s['reason']))}", highlight=False)
+        _print_skipped(s)
     if not (r["added"] or r["changed"] or r["deleted"] or r["passages_added"] or r["passages_removed"]):
         console.print(f"up to date: {r['unchanged']} file(s) unchanged, {r['count']:,} passages", highlight=False)
         return
@@ -248,9 +248,13 @@ def print_documents(m: dict) -> None:
     types = ", ".join(f"{n} {suffix}" for suffix, n in docs["read_by_type"].items())
     console.print(f"read {docs['read']} file(s) ({types or 'none'}) into {docs['passages']:,} passages; "
                   f"skipped {len(docs['skipped'])}", highlight=False)
-    for s in docs["skipped"]:   # names and parser messages come from the files: no terminal escapes
-        console.print(f"  skipped {escape(printable(s['path']))}: {escape(printable(s['reason']))}",
-                      highlight=False)
+    for s in docs["skipped"]:
+        _print_skipped(s)
+
+
+def _print_skipped(s: dict) -> None:
+    """`  skipped PATH: REASON`; names and parser messages come from the files: no terminal escapes."""
+    console.print(f"  skipped {escape(printable(s['path']))}: {escape(printable(s['reason']))}", highlight=False)
 
 
 @app.command("serve")

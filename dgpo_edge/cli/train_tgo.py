@@ -7,7 +7,6 @@ imported only when the command runs.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -96,9 +95,10 @@ def _check_distinct_ids(examples: list, data: Path) -> None:
 def _check_not_an_input(out: Path, *inputs: Path) -> None:
     """--out must not be the questions or the corpus: trajectories would be appended to them (an
     oracle.jsonl given as both would pass for a finished run, every question "already done")."""
+    from ..jsonio import same_path
+
     for source in inputs:
-        same = out.exists() and source.exists() and os.path.samefile(out, source)
-        if same or out.resolve() == source.resolve():
+        if same_path(out, source):
             raise InputError("is also this command's input, which the trajectories would be appended to; "
                              "give --out another file", out)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .pipeline import WorldSpec
-from .records import CardWorld, Field, Kind, build_cards
+from .records import C, P, T, Y, CardWorld, Field, Kind, build_cards
 
 # first names used by neither the notes world nor records (a test checks it)
 FIRST = ("Aurelio", "Bettina", "Corentin", "Domenica", "Eilif", "Fredrika", "Gaspard", "Henrike", "Isidor",
@@ -32,11 +32,6 @@ POOLS = {
 }
 
 
-def _field(kind: str) -> Callable[[str], Field]:
-    return lambda label: Field(label, kind)
-
-
-P, T, Y, C = _field("person"), _field("town"), _field("year"), _field("colour")
 KINDS = (
     Kind("recipe", ("{n} Stew", "{n} Tart", "{n} Dumplings"), (
         P("head chef"), T("village of origin"), Y("year first cooked"), Field("portions", "number"),

@@ -57,14 +57,13 @@ from .models import (
     make_critic,
 )
 from ..compiled_layers import compile_models
-from ..data import require_data_files
 from ..rollout import RolloutConfig, generate_rollouts, make_engine, observation_blocks
 from ..rollout_copy import RolloutCopy, wants_copy
 from ..models import load_frozen, load_lm, load_tokenizer
 from ..plumbing import (
     Loggers,
     SaveClock,
-    check_run_dir,
+    check_before_loading,
     evaluate_and_keep_best,
     lr_lambda,
     peak_memory_gb,
@@ -128,8 +127,7 @@ class RLTrainer:
         self.bf16 = self.acc.mixed_precision == "bf16"
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         self._check_sizes()
-        require_data_files(config.data)
-        check_run_dir(self.out, config.stage)   # before the models load, not after
+        check_before_loading(config)
         self._load_data()
         self._load_models()
         self._setup_optim()
