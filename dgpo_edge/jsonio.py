@@ -94,12 +94,37 @@ def ours(out: Path) -> bool:
     return our_manifest(out) is not None
 
 
+def bundle_holding(path: str | Path) -> Path | None:
+    """The bundle folder `path` lies in (a folder above it, links followed, with a bundle's
+    manifest.json), or None. The bundle itself is not inside one: `export bundle --overwrite`
+    replaces it whole, manifest and all."""
+    for folder in Path(path).resolve().parents:
+        try:
+            manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict) and manifest.get("format") == BUNDLE_FORMAT:
+            return folder
+    return None
+
+
+def check_outside_bundle(out: str | Path) -> None:
+    """Refuse an output inside a bundle (`--out BUNDLE/model/x.gguf`): the bundle's manifest lists
+    the size and sha256 of every file in it, so a file replaced or added there leaves the bundle
+    failing its own check (or, added, one `export bundle --overwrite` refuses to replace)."""
+    bundle = bundle_holding(out)
+    if bundle is not None:
+        raise InputError(f"is inside the bundle {bundle}, whose manifest lists every file in it with its sha256; "
+                         "write elsewhere (and make a new bundle with `dgpo-edge export bundle`)", out)
+
+
 def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str = "a folder dgpo-edge wrote") -> None:
     """Refuse a file, or a non-empty folder that `mine` does not recognise: an --out given by
     mistake (a home folder, a notes folder) must never be replaced, with everything in it."""
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
     check_folder_path(out)   # a file above it (`--out notes.txt/run`): no folder can be made there
+    check_outside_bundle(out)
     if not (out.is_dir() and any(out.iterdir())):
         return   # new or empty: filled in place (replace_dir)
     if not mine(out):
@@ -131,6 +156,7 @@ def check_holds_only(out: Path, allowed: Iterable[str], what: str, fix: str,
     `first` = (NAME, WRITER): the file WRITER writes before any other, so the others (but those in
     `alone`) without it are someone else's files of the same names, refused too."""
     check_folder_path(out)
+    check_outside_bundle(out)
     names = {p.name for p in out.iterdir() if hidden or not p.name.startswith(".")} if out.is_dir() else set()
     foreign = sorted(names - set(allowed) - {".DS_Store"})
     if foreign:

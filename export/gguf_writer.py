@@ -15,7 +15,7 @@ from typing import Any
 
 from dgpo_edge.bundle.student import rope_permute
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import atomic_path, check_folder_path
+from dgpo_edge.jsonio import atomic_path, check_folder_path, check_outside_bundle
 
 from .checkpoint import Checkpoint, open_checkpoint
 from .gguf_vocab import KNOWN_PRE, add_vocab, build_vocab
@@ -84,7 +84,9 @@ def _check_pre_loads(ckpt: Checkpoint, pre: str | None) -> None:
 
 def check_replaceable_gguf(out: Path) -> None:
     """--out is a new file or an earlier GGUF: a folder, or a file of anything else (someone's
-    notes given by mistake), is refused rather than replaced."""
+    notes given by mistake), is refused rather than replaced; so is a file inside a bundle (its own
+    GGUF, which the bundle's manifest lists with its sha256)."""
+    check_outside_bundle(out)
     if out.is_dir():
         raise InputError("is a folder; --out names the .gguf file to write", out)
     if not out.exists():

@@ -121,6 +121,36 @@ def test_a_rerun_with_other_inputs_keeps_nothing_of_the_crashed_build(tmp_path: 
     verify(b.path)
 
 
+def test_a_rerun_drops_the_folders_its_cleanup_emptied(tmp_path: Path, hf_model: Path, index_dir: Path):
+    """drop_unplaced deleted a crashed build's files but kept their folders: the bundle carried an
+    empty model/shards/deep and data/."""
+    from dgpo_edge.bundle.core import claim_partial
+
+    work = claim_partial(tmp_path / "B.partial")
+    (work / "model" / "shards" / "deep").mkdir(parents=True)
+    (work / "model" / "shards" / "deep" / "part-2.safetensors").write_bytes(os.urandom(64))
+    (work / "data").mkdir()
+    (work / "data" / "dev.jsonl").write_text("{}\n")
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    assert not (b.path / "model" / "shards").exists() and not (b.path / "data").exists()
+    assert (b.path / "model").is_dir() and (b.path / "index").is_dir()
+    verify(b.path)
+
+
+def test_drop_unplaced_removes_only_the_folders_it_emptied(tmp_path: Path):
+    from dgpo_edge.bundle.core import drop_unplaced
+
+    work = tmp_path / "w"
+    for name in ("a/b/c/x", "a/y", "h/z", "h/.tmp", "e/f/z"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(name)
+    (work / "empty-before").mkdir()
+    drop_unplaced(work, {work / "a" / "y"})
+    left = sorted(p.relative_to(work).as_posix() for p in work.rglob("*"))
+    # a/b/c and a/b emptied, e/f and then e too; a keeps a placed file, h a hidden one
+    assert left == ["a", "a/y", "empty-before", "h", "h/.tmp"]
+
+
 def _e5_index(index_dir: Path, tmp_path: Path) -> Path:
     """A copy of the index whose manifest says it was built with e5 (so --encoder is needed)."""
     e5 = shutil.copytree(index_dir, tmp_path / "e5-index")
@@ -258,6 +288,25 @@ def test_bad_protocol_settings_name_the_manifest(tmp_path: Path, hf_model: Path,
     manifest["protocol"]["top_k"] = "abc"
     (b.path / MANIFEST).write_text(json.dumps(manifest))
     assert_one_line_error(invoke("ask", "q", "--bundle", b.path), str(b.path / MANIFEST), "bad protocol settings")
+
+
+@pytest.mark.parametrize("key, value", [("top_k", 0), ("top_k", -3), ("top_k", True), ("top_k", 10**9),
+                                        ("top_k", 2.5), ("top_k", None), ("max_searches", 17),
+                                        ("max_searches", False), ("max_turns", -1)])
+def test_search_settings_out_of_range_name_the_manifest_everywhere(tmp_path: Path, hf_model: Path,
+                                                                 index_dir: Path, key, value):
+    """A manifest's top_k was read with int(): true became 1, and 2.5 became 2, and a billion passed
+    into the agent's settings; `bundle verify` and `bundle info` passed 0 and -3 too."""
+    b = build_bundle(hf_model, index_dir, tmp_path / "B")
+    manifest = json.loads((b.path / MANIFEST).read_text())
+    if key == "max_turns":   # older bundles' key, alone
+        manifest["protocol"].pop("max_searches")
+    manifest["protocol"][key] = value
+    (b.path / MANIFEST).write_text(json.dumps(manifest))
+    for args in (("bundle", "verify", b.path), ("bundle", "info", b.path), ("ask", "q", "--bundle", b.path)):
+        assert_one_line_error(invoke(*args), str(b.path / MANIFEST), f'"protocol.{key}" must be an integer in')
+    with pytest.raises(InputError, match=f'protocol.{key}'):
+        open_bundle(b.path)
 
 
 def test_bundle_verify_json(tmp_path: Path, hf_model: Path, index_dir: Path):

@@ -170,6 +170,47 @@ def test_the_ranges_are_the_chat_settings_screens():
     assert not Integer(1, screens.MAX_TOP_K).validate("21").is_valid
 
 
+# ------------------------------------------------------------------- empty paths
+
+def path_params() -> list[tuple[str, Any]]:
+    """(command, parameter) for every parameter that names a file or folder."""
+    from dgpo_edge.cli.common import _names_a_path
+
+    return [(path, p) for path, cmd in sorted(COMMANDS.items()) for p in cmd.params if _names_a_path(p)]
+
+
+def args_with_empty(cmd: Any, target: Any) -> list[str]:
+    """`cmd`'s arguments with "" for `target` and "1" for every other required parameter."""
+    args: list[str] = []
+    for p in cmd.params:
+        if p is target or p.required:
+            value = "" if p is target else "1"
+            args += [value] if p.param_type_name == "argument" else [p.opts[0], value]
+    return args
+
+
+def test_the_parameters_that_name_paths():
+    names = {(path, p.name) for path, p in path_params()}
+    assert {("index build", "corpus"), ("index build", "out"), ("ask", "index"), ("eval", "data"),
+            ("plot", "run_dirs"), ("export gguf", "model"), ("index build", "encoder"),
+            ("bundle info", "bundle")} <= names
+    # text where "" means something (`serve --host ""`: every interface) or is checked on its own
+    assert not {("serve", "host"), ("plot", "label"), ("ask", "question"), ("export gguf", "pre")} & names
+
+
+@pytest.mark.parametrize("path, param", path_params(), ids=lambda x: x if isinstance(x, str) else x.name)
+def test_an_empty_path_is_refused_everywhere(path, param, tmp_path, monkeypatch):
+    """Typer turns "" into Path("."), so `index build ""` indexed the folder it ran in and
+    `--out ""` wrote into it; Path("") == Path(".") afterwards, so only the raw value can tell."""
+    from cli_helpers import assert_one_line_error
+
+    monkeypatch.chdir(tmp_path)   # the old code's current folder: nothing of the repository is read or written
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    r = invoke(*path.split(), *args_with_empty(COMMANDS[path], param))
+    assert_one_line_error(r, "an empty path names no file or folder")
+    assert not any(tmp_path.iterdir()), list(tmp_path.iterdir())   # nothing half-written
+
+
 def test_bundle_info_json_before_the_default_bundle_exists(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     r = invoke("bundle", "info", "--json")

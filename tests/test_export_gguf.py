@@ -307,6 +307,23 @@ def test_out_is_a_new_file_or_an_earlier_gguf(tiny_qwen, tmp_path):
     assert out.read_bytes()[:4] == b"GGUF"
 
 
+def test_a_gguf_inside_a_bundle_is_not_replaced(tiny_qwen, tmp_path):
+    """`--out BUNDLE/model/x.gguf` replaced the bundle's own GGUF (it is a GGUF, so replaceable),
+    and the bundle's manifest then listed a size and sha256 the file no longer had."""
+    bundle = tmp_path / "B"
+    (bundle / "model").mkdir(parents=True)
+    (bundle / "manifest.json").write_text(json.dumps({"format": "dgpo-edge-bundle"}))
+    own = bundle / "model" / "student.gguf"
+    own.write_bytes(b"GGUF" + bytes(60))
+    for out in (own, bundle / "model" / "other.gguf", bundle / "x.gguf"):
+        result = invoke("export", "gguf", tiny_qwen["tied"], "--out", out, "--quant", "f16", "--no-verify")
+        assert_one_line_error(result, str(out), f"is inside the bundle {bundle.resolve()}")
+    assert own.read_bytes() == b"GGUF" + bytes(60)
+    assert sorted(p.name for p in bundle.rglob("*")) == ["manifest.json", "model", "student.gguf"]
+    with pytest.raises(InputError, match="is inside the bundle"):
+        write_gguf(tiny_qwen["tied"], own, quant="f16")
+
+
 def test_missing_model_dir(tmp_path):
     result = invoke("export", "gguf", tmp_path / "nope", "--out", tmp_path / "m.gguf")
     assert_one_line_error(result, "nope", "no such directory")

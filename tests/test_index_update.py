@@ -216,6 +216,21 @@ def test_update_refuses_a_jsonl_index(tmp_path):
     assert_one_line_error(invoke("index", "update", notes, "--out", tmp_path / "idx"), "no such index folder")
 
 
+def test_a_bundles_index_is_neither_updated_nor_rebuilt(tmp_path):
+    """`--out BUNDLE/index` changed the bundle's index files in place: its manifest then listed
+    sizes and sha256 digests they no longer had."""
+    notes = write_notes(tmp_path / "notes", n=4)
+    bundle = tmp_path / "B"
+    assert invoke("index", "build", notes, "--out", bundle / "index", "--kind", "bm25").exit_code == 0
+    (bundle / "manifest.json").write_text(json.dumps({"format": "dgpo-edge-bundle"}))
+    before = {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()}
+    (notes / "week-0" / "note-000.md").write_text("# Errand 0\n\nPick up the telescope.\n")
+    for args in (["update", notes], ["build", notes, "--kind", "bm25", "--overwrite"]):
+        r = invoke("index", *args, "--out", bundle / "index")
+        assert_one_line_error(r, str(bundle / "index"), f"is inside the bundle {bundle.resolve()}")
+    assert {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()} == before
+
+
 def test_update_never_empties_a_work_folder_it_did_not_make(tmp_path):
     """`index update` claims DIR/.work as `index build` does: someone's folder there is refused, untouched."""
     notes = tmp_path / "notes"

@@ -56,6 +56,32 @@ def test_atomic_dir_refuses_a_folder_it_did_not_write(tmp_path: Path):
     assert [p.name for p in mine.iterdir()] == ["g.txt"]
 
 
+def _bundle(path: Path) -> Path:
+    """A folder with a bundle's manifest (all `bundle_holding` reads) and a model file in it."""
+    (path / "model").mkdir(parents=True)
+    (path / "manifest.json").write_text('{"format": "dgpo-edge-bundle", "produced_by": "dgpo-edge 0.1.0"}')
+    (path / "model" / "m.gguf").write_bytes(b"GGUF")
+    return path
+
+
+def test_outputs_inside_a_bundle_are_refused(tmp_path: Path):
+    """A folder written inside a bundle (`--out B/model`, `--out B/index`) replaced or added files
+    its manifest lists with their sha256, or does not list: the bundle then failed its own check."""
+    b = _bundle(tmp_path / "B")
+    checks = [jsonio.check_replaceable,
+              lambda out: jsonio.check_holds_only(out, {"m.gguf"}, "a model's", "elsewhere")]
+    for check in checks:
+        for out in (b / "model", b / "index", b / "model" / "new" / "deeper"):
+            with pytest.raises(InputError, match=r"is inside the bundle .*B, whose manifest lists every file"):
+                check(out)
+        check(tmp_path / "elsewhere")                # beside the bundle: fine
+    jsonio.check_replaceable(b, lambda d: True)      # the bundle itself: `export bundle --overwrite` replaces it
+    (tmp_path / "link").symlink_to(b / "model")
+    assert jsonio.bundle_holding(tmp_path / "link" / "m.gguf") == b.resolve()   # through a link too
+    assert jsonio.bundle_holding(b) is None and jsonio.bundle_holding(tmp_path / "elsewhere") is None
+    assert (b / "model" / "m.gguf").read_bytes() == b"GGUF" and not (b / "index").exists()
+
+
 # --- reading JSON lines: bounded lines, a byte-order mark --------------------------------------------
 
 def test_read_jsonl_accepts_a_utf8_byte_order_mark(tmp_path: Path):

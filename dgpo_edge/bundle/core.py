@@ -217,6 +217,23 @@ def _check_shapes(m: dict[str, Any], mpath: Path) -> None:
         if not isinstance(value, kind) or isinstance(value, bool):
             raise InputError(f'malformed bundle manifest: "{section}.{key}" must be '
                              f'{"a string" if kind is str else "an integer"}', mpath)
+    _check_search_settings(m.get("protocol") or {}, mpath)
+
+
+#: The ranges of the agent's --top-k and --max-searches (protocol.MAX_TOP_K, MAX_SEARCHES), in which
+#: `export bundle` records them.
+_SEARCH_RANGES = {"top_k": (1, protocol.MAX_TOP_K), "max_searches": (0, protocol.MAX_SEARCHES),
+                  OLD_MAX_SEARCHES_KEY: (0, protocol.MAX_SEARCHES)}
+
+
+def _check_search_settings(settings: dict[str, Any], mpath: Path) -> None:
+    """A manifest's top_k and max_searches, in the agent commands' ranges: int() took true as 1, 2.5
+    as 2 and any huge count, and `bundle verify` passed what the agent commands refuse as options."""
+    for key, (low, high) in _SEARCH_RANGES.items():
+        value = settings.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise InputError(f'bad protocol settings: "protocol.{key}" must be an integer in {low}..{high}, '
+                             f'got {json.dumps(value)[:40]}', mpath)
 
 
 def _safe_relative(name: str) -> bool:
@@ -577,10 +594,17 @@ def drop_unplaced(work: Path, placed: set[Path]) -> None:
     """Delete what a crashed earlier build left in B.partial that this one did not place: a rerun
     with another model or index would otherwise list the old one's files in the manifest too
     (the old GGUF beside the new, a dense index's vectors under a BM25 one, a shard of another
-    checkpoint in the model folder, where an engine would open it)."""
+    checkpoint in the model folder, where an engine would open it). The folders that leaves empty go
+    too, and only those: the bundle would otherwise carry an empty `encoder/` of a dense index under
+    a BM25 one, or an older checkpoint's subfolder."""
+    emptied: set[Path] = set()
     for f in _tree_files(work):
         if f not in placed:
             f.unlink()
+            emptied.update(work / up for up in f.relative_to(work).parents if up != Path("."))
+    for folder in sorted(emptied, key=lambda p: len(p.parts), reverse=True):   # the deepest first
+        with contextlib.suppress(OSError):   # not empty (a placed file, a hidden one): kept
+            folder.rmdir()
 
 
 def describe_files(names: Iterable[str]) -> dict[str, int]:

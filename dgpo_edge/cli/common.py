@@ -8,7 +8,8 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from pathlib import PurePath
+from typing import Any, NoReturn, TypeVar, get_args, get_origin
 
 import typer
 from rich.console import Console
@@ -122,10 +123,57 @@ def _one_line_usage_errors() -> Iterator[None]:
         fail(e.format_message().rstrip(".") + hint, e.exit_code)  # type: ignore[attr-defined]
 
 
+#: Text parameters that name a file or folder, or else a hub id or an encoder name (`export gguf
+#: MODEL`, `index build --encoder`): typed str for the names, yet "" reads as the current folder too.
+_FOLDER_OR_NAME_PARAMS = ("model", "encoder")
+
+
+def _names_a_path(param: Any) -> bool:
+    """A parameter whose value is a file or folder: typed Path (or a list of them), or one of
+    _FOLDER_OR_NAME_PARAMS. Other text keeps "" (`serve --host ""` binds every interface)."""
+    descriptor = getattr(param, "type_descriptor", None)   # Typer 0.2x's own parameters
+    if descriptor is None:   # older Typer: click's ParamType, click.Path (or Typer's subclass) for a Path
+        is_path = any(c.__name__ == "Path" for c in type(param.type).__mro__)
+        is_text = getattr(param.type, "name", "") == "text"
+    else:
+        kind = descriptor.annotation
+        kind = (get_args(kind) or (str,))[0] if get_origin(kind) is list else kind
+        is_path, is_text = isinstance(kind, type) and issubclass(kind, PurePath), kind is str
+    return is_path or (is_text and param.name in _FOLDER_OR_NAME_PARAMS)
+
+
+def _refuse_empty_path(param: Any) -> None:
+    """Make `param` refuse "" before Typer converts it: Path("") is Path("."), so afterwards an
+    empty --out or --index cannot be told from "." and would mean the current folder."""
+    convert = param.process_value
+
+    def process_value(ctx: Any, value: Any) -> Any:
+        if "" in (value if isinstance(value, (list, tuple)) else (value,)):   # one path, or a list of them
+            raise typer.BadParameter("an empty path names no file or folder (for this folder, give '.')",
+                                     ctx=ctx, param=param)
+        return convert(ctx, value)
+
+    param.process_value = process_value
+
+
+def _refuse_empty_paths(command: Any) -> None:
+    """_refuse_empty_path for every parameter that names a file or folder, in every command below."""
+    for param in command.params:
+        if _names_a_path(param):
+            _refuse_empty_path(param)
+    for sub in getattr(command, "commands", {}).values():
+        _refuse_empty_paths(sub)
+
+
 class OneLineUsageErrors(TyperGroup):
     """The root group (`dgpo-edge`): a usage error of any command under it (an option out of its
     range, an unknown option, a missing argument, no such command) is one `error:` line and exit
-    status 2, as all other bad input is, not click's usage lines and Rich's boxed message."""
+    status 2, as all other bad input is, not click's usage lines and Rich's boxed message. An
+    empty path, anywhere, is such an error (_refuse_empty_paths)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)   # Typer passes every command, sub-groups' too, made already
+        _refuse_empty_paths(self)
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
         with _one_line_usage_errors():   # the root's own options

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..jsonio import check_outside_bundle
 from ..protocol import Passage
 from .base import Encoder, EncoderSpec
 from .build import (DEFAULT_WORDS, LOCK_FILE, WORK_MARKER, Progress, _locked, build_index, claim_work_folder,
@@ -80,6 +81,7 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
     the index was built from (`check_source_name`, `check_deletions`) is refused before anything changes."""
     folder, out = Path(folder), Path(out)
     emit = progress or (lambda stage, done, total: None)
+    check_outside_bundle(out)   # a bundle's index/: its manifest lists the sha256 of each file changed here
     m = verify_files(out)
     if (m.get("source") or {}).get("format") != "text" or detect_format(folder) != "text":
         raise InputError("index update works on indexes of a folder of documents; rebuild this one with "
