@@ -513,6 +513,27 @@ async def test_settings_change_top_k_and_max_searches(retriever, chats):
 
 
 @asynchronous
+async def test_a_dialogs_key_opens_no_second_dialog_over_it(retriever, chats):
+    """Ctrl+O or Ctrl+S pressed while a dialog is open does nothing: Textual ends a modal screen's
+    binding chain at the screen, so the app's keys reach it only if made priority bindings (as Esc
+    is, `check_action`), which would stack a second copy of the list or settings for Esc to close."""
+    app = make_app(scripted_agent(retriever, PERU_TURNS), chats)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await app.workers.wait_for_complete()
+        for key, dialog in (("ctrl+o", HistoryScreen), ("ctrl+s", SettingsScreen)):
+            await pilot.press(key)
+            await until(pilot, lambda: isinstance(app.screen, dialog))
+            for again in ("ctrl+o", "ctrl+s"):
+                await pilot.press(again)
+                await pilot.pause()
+                assert len(app.screen_stack) == 2 and isinstance(app.screen, dialog), (key, again)
+            await pilot.press("escape")
+            await until(pilot, lambda: len(app.screen_stack) == 1)
+        await pilot.press("ctrl+s")   # closed, the dialog opens again
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+
+
+@asynchronous
 async def test_a_failing_agent_factory_is_shown_not_raised(chats):
     def broken():
         raise FileNotFoundError("/models/[old]/model.gguf")   # brackets: shown, not read as markup

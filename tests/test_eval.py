@@ -157,6 +157,46 @@ def test_eval_resume_runs_only_missing_questions(engine_script, index_dir: Path,
     assert r.exit_code == 0 and len((out / PREDICTIONS).read_text().splitlines()) == 3
 
 
+def test_eval_resume_shows_the_em_of_every_answered_question(engine_script, index_dir: Path, tmp_path: Path):
+    """The bar's EM after a resume counted only the questions answered in this process."""
+    turns, model, _ = engine_script
+    data = write_questions(tmp_path / "fbqa.jsonl")
+    out = tmp_path / "out"
+    turns += SCRIPT
+    args = ("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out)
+    assert invoke(*args).exit_code == 0
+    lines = (out / PREDICTIONS).read_text().splitlines()
+    (out / PREDICTIONS).write_text("\n".join(lines[:2]) + "\n")   # killed before q3's line
+    turns[:] = SCRIPT[3:]
+    r = invoke(*args)   # q1 and q2 resumed (right), q3 answered now (wrong)
+    assert r.exit_code == 0, r.output
+    assert "3/3 questions" in r.stderr and "EM 0.667" in r.stderr, r.stderr
+    r = invoke(*args)   # nothing left to answer: the resumed questions' EM, not "-"
+    assert r.exit_code == 0 and "EM 0.667" in r.stderr, r.stderr
+
+
+def test_eval_refuses_other_settings_before_the_model_loads(engine_script, index_dir: Path, tmp_path: Path,
+                                                           monkeypatch):
+    """An --out made with other settings was refused only once the model had loaded (a minute)."""
+    data, model, out = _evaluated(engine_script, index_dir, tmp_path)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded before the settings were compared")
+
+    monkeypatch.setattr(dgpo_edge.engines, "open_engine", no_model)
+    r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out, "--top-k", "1")
+    assert_one_line_error(r, "other settings", "--overwrite", str(out))
+    # a model path that is not there is another setting too: the refusal comes before the model is looked at
+    r = invoke("eval", "--data", data, "--model", tmp_path / "gone.gguf", "--index", index_dir, "--out", out)
+    assert_one_line_error(r, "other settings")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # the same settings (the engine's name not known yet), or --overwrite, pass on to the model
+    for extra in ((), ("--top-k", "1", "--overwrite")):
+        r = invoke("eval", "--data", data, "--model", model, "--index", index_dir, "--out", out, *extra)
+        assert isinstance(r.exception, AssertionError) and "model loaded" in str(r.exception)
+
+
 def _evaluated(engine_script, index_dir: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
     """(questions, model, out) of a finished evaluation of the scripted questions."""
     turns, model, _ = engine_script
@@ -220,7 +260,7 @@ def test_eval_refuses_a_second_run_into_the_same_folder(engine_script, index_dir
     def first() -> None:
         with Agent(engine, ListRetriever([Passage("0", '"Peru"\nLima')])) as agent:
             results.append(evaluate(agent, load_questions([data]), out,
-                                    on_start=lambda done, total: started.set(),
+                                    on_start=lambda resumed, total: started.set(),
                                     on_record=lambda rec, done, total: release.wait(30)))
 
     worker = threading.Thread(target=first)

@@ -213,6 +213,27 @@ def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
         load_rl_config("dgpo", rl)
 
 
+def test_rl_config_reads_its_file_once(tmp_path, monkeypatch):
+    """The algorithm check read the YAML a second time: an edit in between (here: right after the
+    first read) was taken for the file's algorithm, and a broken file would be reported twice."""
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    path = _yaml(tmp_path, RL_GOOD + "algorithm: dgpo\n", "rl.yaml")
+    reads = []
+    read_text = Path.read_text
+
+    def read_then_edit(self, *args, **kwargs):
+        text = read_text(self, *args, **kwargs)
+        if self == path:
+            reads.append(text)
+            self.write_text(RL_GOOD + "algorithm: ppo\n")   # edited while the config loads
+        return text
+
+    monkeypatch.setattr(Path, "read_text", read_then_edit)
+    config = load_rl_config("dgpo", path, ["rollout.prompts_per_step=256"])
+    assert config.algorithm == "dgpo" and len(reads) == 1
+
+
 def test_rl_checks_its_schedule_as_sft_does(tmp_path):
     from dgpo_edge.train.rl.config import load_rl_config
 

@@ -189,13 +189,18 @@ class KDConfig(SFTConfig):
 
 # --- loading --------------------------------------------------------------------
 
-def load_config(cls: type, path: str | Path, overrides: list[str] = (), validator: Any = None) -> Any:
+def load_config(cls: type, path: str | Path, overrides: list[str] = (), validator: Any = None,
+                raw: dict | None = None) -> Any:
     """Read `path` (YAML), apply `key=value` overrides, validate; InputError on any problem.
 
-    `validator(config, path)` replaces the SFT/KD checks (`validate`) for other stages.
+    `validator(config, path)` replaces the SFT/KD checks (`validate`) for other stages. `raw`: the
+    file's mapping (`read_config_yaml`) when the caller has read it already, for it needs a key of
+    its own: reading the file again could see other text (an edit in between), and report its
+    errors twice. It is changed (moved keys, `MOVED_KEYS`); `path` then only names the file in errors.
     """
     path = Path(path)
-    raw = read_config_yaml(path)
+    if raw is None:
+        raw = read_config_yaml(path)
     moved = dict(getattr(cls, "MOVED_KEYS", ()))
     config = _build(cls, _move_keys(raw, moved, path), path, prefix="")
     for item in overrides:

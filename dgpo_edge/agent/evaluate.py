@@ -7,7 +7,8 @@ the prediction, EM / F1 / cover-EM, the ARC facts of the episode (searches,
 hit, turns, invalid turns, answered), the stop reason, timings and the search
 queries. A rerun with the same `OUT` skips the questions already there (key:
 dataset + id), so an interrupted evaluation continues where it stopped;
-`OUT/run.json` records the settings and a rerun with other settings is refused.
+`OUT/run.json` records the settings and a rerun with other settings is refused (a caller can
+make that check before its model loads: `check_settings`).
 Only a torn last line of predictions.jsonl (a crash mid-write) is dropped on
 resume; a damaged line before it is refused, leaving the file as it is. A run
 holds an exclusive lock on `OUT` (`OUT/.lock`): a second one into the same
@@ -51,7 +52,9 @@ RUN = "run.json"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 
+BUSY = "another eval is writing into this folder"
 OnRecord = Callable[[dict[str, Any], int, int], None]   # (record, done, total)
+OnStart = Callable[[list[dict[str, Any]], int], None]     # (the records resumed, total)
 
 
 @dataclass
@@ -171,20 +174,65 @@ def _check_own_folder(out: Path) -> None:
                      "give it a folder of its own", first=(RUN, "an evaluation"))
 
 
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+# A setting not known before the model loads (the engine's name): `check_settings` takes any value
+# for it, and `evaluate` compares the real one under its lock.
+UNKNOWN: Any = _Unknown()
+
+
+def run_settings(settings: dict[str, Any] | None, config: Any, run_arc: bool) -> dict[str, Any]:
+    """What run.json records: the caller's `settings` (model, index...), `run_arc` and the protocol
+    limits of `config` (the agent's `ProtocolConfig`)."""
+    return {**(settings or {}), "arc": run_arc, "top_k": config.top_k, "max_searches": config.max_searches,
+            "max_turn_tokens": config.max_turn_tokens, "max_obs_tokens": config.max_obs_tokens,
+            "max_total_tokens": config.max_total_tokens}
+
+
+def check_settings(out: str | Path, settings: dict[str, Any], overwrite: bool = False) -> None:
+    """`evaluate`'s refusals of an `out` that another run is writing into or that holds other
+    settings' predictions (`settings` from `run_settings`), for a caller to make before the model
+    loads: a refusal then costs no loading. A value not known yet is `UNKNOWN`. Changes nothing."""
+    out = Path(out).expanduser()
+    if not (out / RUN).is_file():   # no earlier run (and no lock file to take)
+        return
+    with folder_lock(out, BUSY):   # as evaluate: a run writing into it is the reason to give
+        if not overwrite:   # --overwrite discards the earlier predictions, whatever their settings
+            _refuse_other_settings(out, settings)
+
+
 def _check_run(out: Path, settings: dict[str, Any], overwrite: bool) -> None:
     """Refuse an output folder holding other settings' predictions (or clear it for --overwrite)."""
-    run = out / RUN
     if overwrite:
         for name in (PREDICTIONS, RUN, REPORT_JSON, REPORT_MD):
             (out / name).unlink(missing_ok=True)
-    elif run.is_file():
-        try:
-            old = _renamed_keys(json.loads(run.read_text(encoding="utf-8")))
-        except ValueError:
-            old = None
-        if old != settings:
-            raise InputError("holds predictions made with other settings; pass --overwrite to start over, or "
-                             "another --out", out)
+    else:
+        _refuse_other_settings(out, settings)
+
+
+def _refuse_other_settings(out: Path, settings: dict[str, Any]) -> None:
+    run = out / RUN
+    if not run.is_file():
+        return
+    try:
+        old = _renamed_keys(json.loads(run.read_text(encoding="utf-8")))
+    except ValueError:
+        old = None
+    if not _same(old, settings):
+        raise InputError("holds predictions made with other settings; pass --overwrite to start over, or "
+                         "another --out", out)
+
+
+def _same(old: Any, new: Any) -> bool:
+    """`old == new`, but an `UNKNOWN` in `new` matches anything."""
+    if new is UNKNOWN:
+        return True
+    if isinstance(new, dict):
+        return isinstance(old, dict) and old.keys() == new.keys() and all(_same(old[k], v) for k, v in new.items())
+    return old == new
 
 
 def _renamed_keys(run: Any) -> Any:
@@ -196,25 +244,24 @@ def _renamed_keys(run: Any) -> Any:
 
 def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool = False,
              settings: dict[str, Any] | None = None, overwrite: bool = False,
-             on_record: OnRecord | None = None,
-             on_start: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+             on_record: OnRecord | None = None, on_start: OnStart | None = None) -> dict[str, Any]:
     """Evaluate `agent` on `questions`, writing into `out`; returns the report (also written).
 
     `settings`: what identifies the predictions (model, index...); with the
-    agent's protocol limits and `run_arc` they go to run.json, and a rerun
+    agent's protocol limits and `run_arc` they go to run.json (`run_settings`), and a rerun
     into the same `out` must match them. Which files and how many questions
     do not count: a rerun with a larger `--limit` or one more file extends
     the same predictions (but a file named like one evaluated before renames both datasets,
-    `dataset_names`, so the earlier one's questions run again under the new name). `on_start(done, total)` is called once the output
-    folder is checked, `on_record(record, done, total)` after each question.
+    `dataset_names`, so the earlier one's questions run again under the new name).
+    `on_start(resumed, total)` is called once the output folder is checked, with the records of
+    the questions already in predictions.jsonl (a resumed run's), `on_record(record, done, total)`
+    after each question.
     """
     out = Path(out).expanduser()
     _check_own_folder(out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {**(settings or {}), "arc": run_arc, "top_k": agent.config.top_k,
-                "max_searches": agent.config.max_searches, "max_turn_tokens": agent.config.max_turn_tokens,
-                "max_obs_tokens": agent.config.max_obs_tokens, "max_total_tokens": agent.config.max_total_tokens}
-    with folder_lock(out, "another eval is writing into this folder"):
+    settings = run_settings(settings, agent.config, run_arc)
+    with folder_lock(out, BUSY):
         _check_run(out, settings, overwrite)
         pred_path = out / PREDICTIONS
         done = _done_records(pred_path)   # before run.json is written: a refusal leaves the folder as it was
@@ -228,16 +275,17 @@ def evaluate(agent: Agent, questions: EvalSet, out: str | Path, *, run_arc: bool
 
 
 def _predict(agent: Agent, questions: EvalSet, pred_path: Path, done: dict[str, dict[str, Any]],
-             run_arc: bool, on_record: OnRecord | None, on_start: Callable[[int, int], None] | None) -> None:
+             run_arc: bool, on_record: OnRecord | None, on_start: OnStart | None) -> None:
     """Run every question not in `done`, appending its record (flushed and fsynced) as it finishes."""
     from ..engines.base import GREEDY
 
     agent.sampling = GREEDY
     store = passage_store(agent.retriever) if run_arc else None
     total = len(questions.examples)
-    n_done = sum(1 for ex in questions.examples if key(ex) in done)
+    resumed = [done[key(ex)] for ex in questions.examples if key(ex) in done]   # not those of a larger --limit
+    n_done = len(resumed)
     if on_start is not None:   # the checks passed: a caller may start its progress display now
-        on_start(n_done, total)
+        on_start(resumed, total)
     with open(pred_path, "a", encoding="utf-8") as f:
         for ex in questions.examples:
             if key(ex) in done:

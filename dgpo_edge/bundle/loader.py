@@ -35,6 +35,9 @@ _STAGES = {"factbook": "building FactbookQA", "fingerprint": "reading corpus", "
            "hash": "hashing files", "verify": "verifying", "student": "building the student"}
 
 
+BeforeLoad = Callable[[dict[str, Any], Any], None]   # (info, ProtocolConfig), see load_agent
+
+
 class RichProgress(StageBars):
     """A `Progress` callback drawing rich bars on stderr; nothing is drawn until the first call."""
 
@@ -56,7 +59,7 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
                max_searches: int | None = None, progress: bool | Progress | None = True, *,
                timeout_s: float | None = None, sampling: Any = None, n_ctx: int | None = None,
                encoder: str | None = None, corpus: str | Path | None = None,
-               gpu_layers: int | None = None) -> Any:
+               gpu_layers: int | None = None, before_load: BeforeLoad | None = None) -> Any:
     """An `Agent` for a bundle, a model and an index, or the default bundle (table above).
 
     `threads`: engine, encoder and FAISS threads (None: library defaults).
@@ -66,32 +69,23 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
     encoder for `index` (default: the one the index names). `corpus`: build the
     default bundle from this corpus instead of FactbookQA. `gpu_layers`: layers
     llama.cpp offloads to a GPU (None: the bundle's default, else 0; -1 all).
+    `before_load(info, config)`: called once it is known what will load (the bundle opened or
+    built), before the model or the index loads, with `Agent.info`'s bundle, model, model_from,
+    index, top_k and max_searches and the protocol config: for a caller's checks that need to
+    know what loads, so that a refusal does not wait for the model.
     """
     from ..agent import Agent
     from ..engines import open_engine
 
     if threads is not None and threads < 1:
         raise InputError(f"--threads must be >= 1, got {threads}")
-    emit, done = _progress(progress)
-    try:
-        b: Bundle | None = None
-        if bundle is not None:
-            b = open_bundle(bundle)
-        elif index is None:
-            b = ensure_default_bundle(emit, corpus=corpus)
-    finally:
-        done()
-    if model is not None:
-        model_path, model_from = Path(model).expanduser(), "--model"
-    elif b is not None:
-        model_path, model_from = b.model_path, "bundle"
-    else:
-        model_path, settings = default_agent_model()
-        model_from = "default model"
-    if b is not None:
-        config = b.protocol(top_k, max_searches)
-    else:
-        config = protocol_config(settings if model is None else None, top_k, max_searches)
+    b = _open_bundle(bundle, index, progress, corpus)
+    model_path, model_from, config = _model_and_protocol(b, model, top_k, max_searches)
+    index_path = Path(index).expanduser() if index is not None else b.index_path  # type: ignore[union-attr]
+    info = {"bundle": None if b is None else str(b.path), "model": str(model_path), "model_from": model_from,
+            "index": str(index_path), "top_k": config.top_k, "max_searches": config.max_searches}
+    if before_load is not None:
+        before_load(dict(info), config)
     offload = gpu_options(model_path, gpu_layers, b)
     engine = open_engine(model_path, n_ctx=n_ctx or config.max_total_tokens, threads=threads, **offload)
     try:
@@ -100,12 +94,39 @@ def load_agent(bundle: str | Path | None = None, model: str | Path | None = None
         engine.close()
         raise
     agent = Agent(engine, retriever, config, timeout_s=timeout_s, sampling=sampling)
-    agent.info = {"bundle": None if b is None else str(b.path), "model": str(model_path),
-                  "model_from": model_from, "engine": engine.name,
-                  "index": str(Path(index).expanduser()) if index is not None else str(b.index_path),  # type: ignore[union-attr]
-                  "top_k": config.top_k, "max_searches": config.max_searches, "threads": engine.threads,
+    first = ("bundle", "model", "model_from")   # the order `ask --json` has always printed
+    agent.info = {**{k: info.pop(k) for k in first}, "engine": engine.name, **info, "threads": engine.threads,
                   "n_ctx": engine.n_ctx, "gpu_layers": offload.get("n_gpu_layers", 0)}
     return agent
+
+
+def _open_bundle(bundle: str | Path | None, index: str | Path | None, progress: bool | Progress | None,
+                 corpus: str | Path | None) -> Bundle | None:
+    """The bundle given, else (no index either) the default one, built on first use; else None."""
+    emit, done = _progress(progress)
+    try:
+        if bundle is not None:
+            return open_bundle(bundle)
+        if index is None:
+            return ensure_default_bundle(emit, corpus=corpus)
+        return None
+    finally:
+        done()
+
+
+def _model_and_protocol(b: Bundle | None, model: str | Path | None, top_k: int | None,
+                        max_searches: int | None) -> tuple[Path, str, Any]:
+    """The model's path, where it came from (`Agent.info`'s model_from) and the protocol config."""
+    settings = None   # the default model's protocol settings, when it is the one
+    if model is not None:
+        model_path, model_from = Path(model).expanduser(), "--model"
+    elif b is not None:
+        model_path, model_from = b.model_path, "bundle"
+    else:
+        model_path, settings = default_agent_model()
+        model_from = "default model"
+    config = b.protocol(top_k, max_searches) if b is not None else protocol_config(settings, top_k, max_searches)
+    return model_path, model_from, config
 
 
 def load_pool(engines: int = 1, max_waiting: int = 8, **load_kwargs: Any) -> Any:

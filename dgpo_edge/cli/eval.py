@@ -3,7 +3,7 @@
 Writes into `--out` (default `out/eval`): `predictions.jsonl` (one line per
 question, appended as it finishes; a rerun skips what is there, and refuses a
 damaged line other than a torn last one), `run.json`
-(the settings; a rerun with others is refused unless `--overwrite`),
+(the settings; a rerun with others is refused unless `--overwrite`, before the model loads),
 `report.json` and `report.md` (EM, F1, cover-EM and the ARC figures per dataset
 and on average). A run locks `--out`: a second one into it is refused. See
 `dgpo_edge/agent/evaluate.py`.
@@ -51,22 +51,23 @@ def eval_command(
     questions = load_questions(data, limit=limit, fmt=fmt)   # bad files fail before the model loads
     check_out(out, overwrite)   # so does a wrong --out (and before the default bundle is built)
     agent = agent_options(bundle, model, index, threads, top_k, max_searches_of(max_searches, old_max_turns),
-                          gpu_layers=gpu_layers)
+                          gpu_layers=gpu_layers, before_load=_settings_check(out, arc, overwrite))
     settings = {"agent": _settings(agent.info)}
     bar = stage_progress(err_console, extra=(TextColumn("EM {task.fields[em]}"),))   # stderr: stdout is the report
-    ems: list[float] = []
+    ems: list[float] = []   # of every question answered, in this run or one it resumes
     task = add_stage(bar, "evaluating", "evaluating", 0, len(questions.examples), em="-")
 
     started = []
 
-    def on_start(done: int, total: int) -> None:
-        bar.update(task, completed=done, base=done)   # resumed questions are not in the rate
+    def on_start(resumed: list[dict[str, Any]], total: int) -> None:
+        ems.extend(rec["em"] for rec in resumed)
+        bar.update(task, completed=len(resumed), base=len(resumed), em=_mean(ems))   # resumed: not in the rate
         bar.start()
         started.append(True)
 
     def on_record(rec: dict[str, Any], done: int, total: int) -> None:
         ems.append(rec["em"])
-        bar.update(task, completed=done, em=f"{sum(ems) / len(ems):.3f}")
+        bar.update(task, completed=done, em=_mean(ems))
 
     with agent:
         try:
@@ -84,6 +85,23 @@ def eval_command(
 def _settings(info: dict[str, Any]) -> dict[str, Any]:
     """What identifies a run (not threads: they change speed, not predictions)."""
     return {k: info.get(k) for k in ("bundle", "model", "engine", "index")}
+
+
+def _settings_check(out: Path, run_arc: bool, overwrite: bool) -> Any:
+    """load_agent's `before_load`: an --out of other settings is refused before the model loads.
+    The engine's name is known only once it has: the model path, which decides it, is compared
+    here, the name by `evaluate`."""
+    from ..agent.evaluate import UNKNOWN, check_settings, run_settings
+
+    def check(info: dict[str, Any], config: Any) -> None:
+        agent = {**_settings(info), "engine": UNKNOWN}
+        check_settings(out, run_settings({"agent": agent}, config, run_arc), overwrite)
+
+    return check
+
+
+def _mean(ems: list[float]) -> str:
+    return f"{sum(ems) / len(ems):.3f}" if ems else "-"
 
 
 def _print_report(report: dict[str, Any], out: Path) -> None:

@@ -308,14 +308,12 @@ def load_rl_config(algorithm: str, path, overrides: list[str] = ()) -> RLConfig:
         if key.strip() == "algorithm" and value != algorithm:
             raise InputError(f"override algorithm={value}: this is `train {algorithm}`; the command "
                              f"names the algorithm (run `train {value}` instead)")
-    config = load_config(RLConfig, path, [*overrides, f"algorithm={algorithm}"], validator=lambda c, p: None)
-    raw_algorithm = _yaml_algorithm(path)
+    # Read once, for the config and its own `algorithm` both: a second read could see an edited file.
+    raw = read_config_yaml(Path(path))
+    raw_algorithm = None if raw.get("algorithm") is None else str(raw["algorithm"])   # load_config changes raw
+    config = load_config(RLConfig, path, [*overrides, f"algorithm={algorithm}"], validator=lambda c, p: None,
+                         raw=raw)
     if raw_algorithm is not None and raw_algorithm != algorithm:
         raise InputError(f"the config is for `train {raw_algorithm}`, not `train {algorithm}`", path)
     validate_rl(config, path)
     return config
-
-
-def _yaml_algorithm(path) -> str | None:
-    value = read_config_yaml(Path(path)).get("algorithm")
-    return None if value is None else str(value)
