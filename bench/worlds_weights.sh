@@ -8,5 +8,6 @@ SHIPPED_WEIGHTS="factbook=0.5 cities=0.1 dictionary=0.1 elements=0.08 notes=0.07
 RECORDS_WEIGHTS="$SHIPPED_WEIGHTS records=0.1"
 # The shipped mixture plus the catalog world (docs/worlds.md, "catalog"): cards like records' with none
 # of their field names, layouts or question forms, so that records held out still test reading cards
-# never seen while the skill stays in training. Not trained yet.
+# never seen while the skill stays in training. Measured on 2026-11-29 (docs/worlds.md, "Catalog in the
+# mixture"): records held out, the 24-layer KD student 0.710 with catalog, 0.337 without.
 CATALOG_WEIGHTS="$SHIPPED_WEIGHTS catalog=0.1"
