@@ -34,8 +34,9 @@
 # and 16 for rows that share one: a 24-layer row peaked at 53-66 GB at 32 (H200, 2026-11-28), so
 # two on a 140 GB card ran out of memory, where 16 peaked at 37 GB. The micro-batch changes only
 # how a mini-batch's gradient is accumulated, not what it computes. An RL row that still runs out of
-# GPU memory resumes once from its last checkpoint at half its micro-batch (logged), while time is
-# left. (The first lane's rows count as sharing only with each other, not with the teacher that
+# GPU memory resumes from its last checkpoint at half its micro-batch (logged), once the card has
+# OOM_FREE_GB (40) free, up to OOM_RESUMES (3) times, while time is left (another job on the card,
+# a worlds lane's teacher say, may hold the memory for minutes). (The first lane's rows count as sharing only with each other, not with the teacher that
 # trains there first: a row there that meets the teacher's peak is what the resume is for.)
 # START, TAG and STEPS pass through to bench/factbook_rows.sh; ROW_ARGS adds overrides
 # to every RL row (e.g. "optim.lr=1e-4"), KD_ARGS to every KD-loss row; LIMIT evaluates only the first N questions of each split (the references' dev too); EVAL_LAST=0
@@ -138,6 +139,19 @@ wait_for_run() {  # RUN: 0 once it has finished, at once when no row here trains
   done
 }
 
+free_gb() {  # GPU: its free memory in whole GB, nothing when nvidia-smi cannot say
+  local mib; mib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits -i "$1" 2>/dev/null | head -1)
+  [[ $mib =~ ^[0-9]+$ ]] && echo $(( mib / 1024 ))
+}
+wait_for_memory() {  # GPU ROW: 0 once the card has OOM_FREE_GB (40) free, or cannot say; 1 if time runs short first
+  local free said=
+  while free=$(free_gb "$1") && [ -n "$free" ] && [ "$free" -lt "${OOM_FREE_GB:-40}" ]; do
+    [ -n "$said" ] || { log "gpu $1: $2 waits for ${OOM_FREE_GB:-40} GB free (${free} GB now)"; said=1; }
+    [ "$(left)" -gt 120 ] || return 1
+    sleep "${OOM_POLL_S:-10}"
+  done
+  [ "$(left)" -gt 120 ]
+}
 train_row() {  # GPU MICRO_BATCH SECONDS LOG METHOD SEED [k=v...]: one row's trainer (TAG from the caller)
   local gpu=$1 micro=$2 seconds=$3 logfile=$4; shift 4
   # TERM at the deadline, KILL 30 s later for a row that does not stop (stuck in CUDA, say)
@@ -164,16 +178,20 @@ run_row() {  # GPU METHOD SEED [VARIANT]
   TAG=$tag train_row "$1" "$micro" "$l" "$logfile" "$2" "$3" $args "${extra[@]}"
   status=$?
   log "gpu $1: $row ended (status $status)"
-  # out of GPU memory (a neighbour's peak can meet this row's): once more from its checkpoint,
-  # at half the micro-batch, its first log kept beside the new one
-  if [ $rl = 1 ] && ! ok_or_deadline $status && grep -q "OutOfMemoryError" "$logfile" && [ "$(left)" -gt 120 ] && [ "$micro" -gt 4 ]; then
-    micro=$(( micro / 2 )); l=$(left); mv "$logfile" "${logfile%.log}.oom.log"
+  # Out of GPU memory (a neighbour's peak can meet this row's, or another job's on the card): again
+  # from its checkpoint at half the micro-batch, once the card has OOM_FREE_GB free (a lease on
+  # 2026-11-29 lost two rows that resumed at once beside two teachers that ended minutes later),
+  # up to OOM_RESUMES times; each try's log kept beside the next one's.
+  local tries=0
+  while [ $rl = 1 ] && ! ok_or_deadline $status && grep -q "OutOfMemoryError" "$logfile" \
+      && [ $tries -lt "${OOM_RESUMES:-3}" ] && [ "$micro" -gt 4 ] && wait_for_memory "$1" "$row"; do
+    tries=$(( tries + 1 )); micro=$(( micro / 2 )); l=$(left); mv "$logfile" "${logfile%.log}.oom$tries.log"
     log "gpu $1: $row ran out of GPU memory; resumed from its last checkpoint at micro-batch $micro for up to $l s"
     # shellcheck disable=SC2086
     TAG=$tag train_row "$1" "$micro" "$l" "$logfile" "$2" "$3" $args "${extra[@]}"
     status=$?
     log "gpu $1: $row ended (status $status)"
-  fi
+  done
   ok_or_deadline $status || { echo "$row" >> $failed; return 1; }
 }
 # A row that fails stops its chain: the rows after it may need what it makes (teacher_ppo, then

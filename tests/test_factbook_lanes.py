@@ -197,7 +197,7 @@ def test_rows_that_share_a_card_take_micro_batch_16(lanes):
 
 @pytest.mark.parametrize("error, resumed", [("torch.OutOfMemoryError: CUDA out of memory.", True),
                                             ("ValueError: something else", False)])
-def test_a_row_out_of_gpu_memory_resumes_once_at_half_the_micro_batch(lanes, error, resumed):
+def test_a_row_out_of_gpu_memory_resumes_at_half_the_micro_batch(lanes, error, resumed):
     root, run = lanes
     # the first try of dgpo 0 fails (out of memory, or another error) before it records anything
     _before_each_row(root, f'[ "$2" = dgpo ] && [ ! -f out/tried ] && {{ touch out/tried; echo "{error}"; exit 1; }}')
@@ -207,11 +207,53 @@ def test_a_row_out_of_gpu_memory_resumes_once_at_half_the_micro_batch(lanes, err
     if resumed:
         assert _micro(root) == ["dgpo 0 8", "ppo 0 16"]   # the second try at half of 16
         assert "dgpo s0 ran out of GPU memory; resumed from its last checkpoint at micro-batch 8" in log
-        assert "OutOfMemoryError" in (root / "out" / "logs" / "rl-dgpo-s0.oom.log").read_text()
+        assert "OutOfMemoryError" in (root / "out" / "logs" / "rl-dgpo-s0.oom1.log").read_text()
         assert not (root / "out" / "logs" / "lanes.failed").exists()
     else:   # another failure is not tried again
         assert _micro(root) == ["ppo 0 16"]
         assert (root / "out" / "logs" / "lanes.failed").read_text() == "dgpo s0\n"
+
+
+def _fake_nvidia_smi(root: Path, free_mib: list[int]) -> dict[str, str]:
+    """A PATH whose nvidia-smi reports, call by call, these MiB free (the last one from then on)."""
+    bin_dir = root / "fakebin"
+    bin_dir.mkdir()
+    (root / "free.txt").write_text("\n".join(map(str, free_mib)) + "\n")
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f"""#!/usr/bin/env bash
+echo "$*" >> {root}/smi.log
+f={root}/free.txt
+head -1 "$f"; [ "$(wc -l < "$f")" -gt 1 ] && sed -i 1d "$f"; exit 0
+""")
+    script.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OOM_POLL_S": "0"}
+
+
+def test_a_row_out_of_gpu_memory_waits_for_the_card_and_resumes_until_it_fits(lanes):
+    # two tries out of memory, the third fits; before each resume the card is asked for its free
+    # memory until it has OOM_FREE_GB (40 GB) free: 10 GB, then 20 GB, then 60 GB
+    root, run = lanes
+    _before_each_row(root, '[ "$2" = dgpo ] && [ "$(ls out/tried* 2>/dev/null | wc -l)" -lt 2 ] '
+                           '&& { touch out/tried$RANDOM; echo "torch.OutOfMemoryError: CUDA"; exit 1; }')
+    r = run("1=dgpo:0", REFS="", **_fake_nvidia_smi(root, [10240, 20480, 61440]))
+    assert r.returncode == 0, r.stderr
+    assert _micro(root) == ["dgpo 0 8"]   # 32 alone on its card, then 16, then 8: the try that fitted
+    log = (root / "out" / "logs" / "lanes.log").read_text()
+    assert "gpu 1: dgpo s0 waits for 40 GB free (10 GB now)" in log
+    assert log.count("ran out of GPU memory; resumed") == 2
+    assert "-i 1" in (root / "smi.log").read_text()   # the row's own card
+    logs = root / "out" / "logs"
+    assert (logs / "rl-dgpo-s0.oom1.log").is_file() and (logs / "rl-dgpo-s0.oom2.log").is_file()
+
+
+def test_a_row_out_of_gpu_memory_is_not_resumed_more_than_oom_resumes_times(lanes):
+    root, run = lanes
+    _before_each_row(root, '[ "$2" = dgpo ] && { echo "torch.OutOfMemoryError: CUDA"; exit 1; }')
+    r = run("0=dgpo:0", REFS="", OOM_RESUMES="1")
+    assert r.returncode == 1
+    log = (root / "out" / "logs" / "lanes.log").read_text()
+    assert log.count("ran out of GPU memory; resumed") == 1
+    assert (root / "out" / "logs" / "lanes.failed").read_text() == "dgpo s0\n"
 
 
 def test_a_kd_row_out_of_gpu_memory_is_not_resumed_at_another_micro_batch(lanes):

@@ -17,8 +17,8 @@ date; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,nohe
 tail -n 20 out/logs/lanes.log 2>/dev/null
 for f in out/logs/rl-*.log out/logs/worlds-*.log out/results/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 2 "$f" | cut -c1-300; }; done
 # a job that died says so on a line of its own, not only in a tail that scrolls by (an RL row's
-# first try that ran out of memory, kept as *.oom.log when it was resumed, is not named again)
-for f in $(grep -l "^Traceback" out/logs/*.log out/results/*.log 2>/dev/null | grep -v "\.oom\.log$"); do
+# try that ran out of memory, kept as *.oomN.log when it was resumed, is not named again)
+for f in $(grep -l "^Traceback" out/logs/*.log out/results/*.log 2>/dev/null | grep -v "\.oom[0-9]*\.log$"); do
   echo "!! $f: $(grep -E "^[A-Za-z_.]+(Error|Exception)" "$f" | tail -n 1 | cut -c1-200)"; done
 [ -n "${OUT:-}" ] || exit 0
 r=$(mktemp -d)/results; mkdir -p "$r"
