@@ -11,3 +11,7 @@ RECORDS_WEIGHTS="$SHIPPED_WEIGHTS records=0.1"
 # never seen while the skill stays in training. Measured on 2026-11-29 (docs/worlds.md, "Catalog in the
 # mixture"): records held out, the 24-layer KD student 0.710 with catalog, 0.337 without.
 CATALOG_WEIGHTS="$SHIPPED_WEIGHTS catalog=0.1"
+# The shipped mixture plus the club world (docs/worlds.md, "club"): a rowing club member's linked Markdown
+# notes, none of the notes world's names, relations, lines, folders or question forms, so that notes held
+# out still test notes never seen while searching a person's linked notes stays in training. Not trained yet.
+CLUB_WEIGHTS="$SHIPPED_WEIGHTS club=0.1"

@@ -1,4 +1,4 @@
-"""The worlds registry (issue 19): elements, cities, dictionary, notes, records and catalog, built small.
+"""The worlds registry (issue 19): elements, cities, dictionary, notes, club, records and catalog, built small.
 
 Each world is built once per module at a small --size, and again at the same
 time in a fresh interpreter with another hash seed, so the determinism test
@@ -33,7 +33,7 @@ from dgpo_edge.worlds.source import package_file
 
 from cli_helpers import assert_one_line_error, invoke
 
-SIZES = {"elements": 40, "cities": 160, "dictionary": 300, "notes": 40, "records": 90, "catalog": 90}
+SIZES = {"elements": 40, "cities": 160, "dictionary": 300, "notes": 40, "club": 40, "records": 90, "catalog": 90}
 _TWIN = ("import sys\nfrom dgpo_edge.worlds.registry import build\n"
          "build(sys.argv[1], sys.argv[2], seed=0, size=int(sys.argv[3]))\n")
 
@@ -106,8 +106,8 @@ def test_question_rows(built):
 
 
 def registry_prefix(built: Built) -> str:
-    return {"elements": "elem", "cities": "city", "dictionary": "dict", "notes": "notes", "records": "rec",
-            "catalog": "cat"}[built.name]
+    return {"elements": "elem", "cities": "city", "dictionary": "dict", "notes": "notes", "club": "club",
+            "records": "rec", "catalog": "cat"}[built.name]
 
 
 def test_every_gold_answer_is_in_its_evidence(built):
@@ -300,6 +300,119 @@ def test_notes_folder_indexed_and_searched(tmp_path):
             assert rows[o["id"]]["notes"][hop] in ids, (o["id"], hop, query, ids)
 
 
+# -------------------------------------------------------------------- club
+
+def _note_skeletons(notes) -> set[tuple[str, ...]]:
+    """How each line of the notes starts, names masked: its first two words, a [[link]] as `[[]]`, a
+    word of the note's own title as `@`, digits as 0 (`Rows bow side in ...` -> ("rows", "bow"))."""
+    out = set()
+    for note in notes.values():
+        title = {w.lower() for w in re.findall(r"\w+", note.title)}
+        for line in note.lines:
+            words = re.sub(r"\[\[[^\]]*\]\]", "[[]]", line).split()
+            words = [w for w in (re.sub(r"^[^\w\[]+|[^\w\]]+$", "", w) for w in words) if w]
+            out.add(tuple("@" if w.lower() in title else re.sub(r"\d", "0", w.lower()) for w in words[:2]))
+    return out
+
+
+def _note_labels(notes) -> set[str]:
+    """The words before a colon in the notes' lines (`Squad:`, `Phone extension:`)."""
+    return {w.lower() for note in notes.values() for line in note.lines for w in re.findall(r"([A-Za-z-]+):", line)}
+
+
+def _relation_words(module) -> set[str]:
+    words = {w.lower() for key, (_, label) in module.FACT.items() for w in (*key.split("_"), *label.split())}
+    return words | {w for key in module.CHAIN for w in key.split("_")}
+
+
+def _forms(module) -> list[str]:
+    return [t for ts, _ in module.FACT.values() for t in ts] + [t for ts in module.CHAIN.values() for t in ts]
+
+
+def _first_words(template: str) -> tuple[str, ...]:
+    """`Where does {x} work from?` -> ("where", "does", "{x}")."""
+    return tuple(re.findall(r"\{x\}'s|\{x\}|[a-z0-9'&-]+", template.lower())[:3])
+
+
+def _vocabulary(module, names: list[str]) -> set[str]:
+    """Every word of the module's name lists (`TEAMS`, `BOATS`, ...), lowercased."""
+    return {w.lower() for name in names for v in getattr(module, name) for w in re.findall(r"[\w'&-]+", v)}
+
+
+def test_club_shares_nothing_with_notes():
+    """Held-out notes measure searching a person's linked notes never seen only if club, in training,
+    shares none of their people, places, relations, folders, lines or question forms; and club
+    shares no first name or field wording with records or catalog either."""
+    from dgpo_edge.worlds import records
+    from dgpo_edge.worlds.catalog import CATALOG
+    from dgpo_edge.worlds.club import members, questions as club_questions, render as club_render
+    from dgpo_edge.worlds.notes import people, questions, render
+
+    assert not set(members.FIRST) & (set(people.FIRST) | set(records.FIRST) | set(CATALOG.first))
+    assert not set(members.LAST) & set(people.LAST)
+    words, notes_words = _relation_words(club_questions), _relation_words(questions)
+    card_words = {w.removesuffix("'s").lower() for c in (records.RECORDS, CATALOG) for label in c.field_labels
+                  for w in label.split()}
+    assert not words & notes_words, words & notes_words
+    assert not words & card_words, words & card_words
+    ours = _vocabulary(members, ["FIRST", "LAST", "SIDES", "SUBURBS", "CREWS", "BOATS", "RACING", "SMALL", "MAKERS",
+                                 "BOATHOUSES", "WATERS", "COURSES", "PLACES", "RACES", "SESSIONS", "GUESTHOUSES",
+                                 "DAMAGE"])
+    theirs = _vocabulary(people, ["FIRST", "LAST", "ROLES", "CITIES", "TEAMS", "ROOMS", "BUILDINGS", "PROJECTS",
+                                  "HOTELS", "AIRLINES", "PLACES", "ROUTERS", "WIFI"])
+    assert not ours & theirs, ours & theirs
+
+    club, notes = club_render.notes(members.generate(0, 60)), render.notes(people.generate(0, 60))
+    assert not {n.path.split("/")[0] for n in club.values()} & {n.path.split("/")[0] for n in notes.values()}
+    assert not _note_skeletons(club) & _note_skeletons(notes), _note_skeletons(club) & _note_skeletons(notes)
+    assert not _note_labels(club) & _note_labels(notes)
+
+    ours_forms, their_forms = _forms(club_questions), _forms(questions)
+    assert not {normalize_answer(t) for t in ours_forms} & {normalize_answer(t) for t in their_forms}
+    assert not {_first_words(t) for t in ours_forms} & {_first_words(t) for t in their_forms}
+
+
+def test_notes_are_what_they_were_before_club_shared_their_machinery(tmp_path):
+    """The notes world's note, asker and build moved to worlds/notebook.py for club to share: notes'
+    files (seed 3, 30 people) are byte for byte those it wrote before, so results made from them stay valid."""
+    registry.build("notes", tmp_path, seed=3, size=30)
+    assert {name: _sha256(tmp_path / name)[:16] for name in FILES if name.endswith(".jsonl")} == {
+        "corpus.jsonl": "0debcceb1333ef9f", "dev.jsonl": "d4c4c35621918512", "oracle.jsonl": "ad4e917f6d84f9e9",
+        "test.jsonl": "e861351af2f73abf", "train.jsonl": "3c770517ace6dd31"}
+
+
+def test_club_chains_follow_a_link_to_the_linked_note(tmp_path):
+    """Each hop of a chain reads a note that the note before names as a [[link]]; the answer is in the last."""
+    registry.build("club", tmp_path, size=24)
+    rows = [q for s in SPLITS for q in _jsonl(tmp_path / f"{s}.jsonl")]
+    corpus = {r["id"]: r["contents"] for r in _jsonl(tmp_path / "corpus.jsonl")}
+    chains = [q for q in rows if q["type"] == "chain"]
+    assert chains and {q["hops"] for q in chains} == {2, 3} and {q["hops"] for q in rows} == {1, 2, 3}
+    for q in chains:
+        texts = [corpus[pid] for pid in q["evidence"]]
+        for before, after in zip(texts, texts[1:]):
+            title = after.partition("\n")[0].strip('"')
+            assert f"[[{title}]]" in before, q
+        assert normalize_answer(q["golden_answers"][0]) in normalize_answer(texts[-1])
+        assert q["bridge"] and len(q["notes"]) == q["hops"]
+    assert {q["notes"][0].split("/")[0] for q in chains} >= {"members", "crews", "fleet", "regattas"}
+    assert {"crew_boat_boathouse", "next_course", "trailer_suburb", "boat_keypad"} <= {q["relation"] for q in chains}
+
+
+def test_club_as_folder(tmp_path):
+    """`data build club --as-folder` writes each note as Markdown under OUT/notes/, and builds over itself."""
+    out = tmp_path / "club"
+    for _ in range(2):   # the second build replaces the first, notes/ and all
+        result = invoke("data", "build", "club", "--out", out, "--size", 16, "--as-folder", "--samples", 0)
+        assert result.exit_code == 0, result.output
+    files = sorted(p.relative_to(out / "notes").as_posix() for p in (out / "notes").rglob("*.md"))
+    assert len(files) == json.loads((out / "stats.json").read_text())["passages"]
+    assert {f.split("/")[0] for f in files} == {"members", "crews", "fleet", "boathouses", "regattas", "lifts",
+                                                "repairs"}
+    member = (out / "notes" / next(f for f in files if f.startswith("members/"))).read_text(encoding="utf-8")
+    assert member.startswith("# ") and "[[" in member
+
+
 # --------------------------------------------------------------- registry
 
 def test_data_worlds_lists_every_world():
@@ -327,6 +440,7 @@ def test_data_build_help():
     (["records", "--size", "5"], ["records", "18 to 5,000", "--size"]),
     (["records", "--size", "9000"], ["records", "18 to 5,000", "--size"]),
     (["catalog", "--size", "17"], ["catalog counts cards", "18 to 5,000", "--size"]),
+    (["club", "--size", "7"], ["club counts members", "8 to 122", "--size"]),
 ])
 def test_data_build_bad_input(tmp_path, args, needles):
     out = tmp_path / "out"

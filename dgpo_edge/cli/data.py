@@ -97,9 +97,9 @@ def build(
     seed: int = typer.Option(0, help="Seed for sampling, phrasing and splits (same seed, same files)."),
     holdout: float = typer.Option(0.15, min=0.01, max=0.49, help="Share of entities held out for dev, and again for test."),
     size: int = typer.Option(None, help="Build a smaller (or, for records and catalog, larger) world: how many "
-                                        "elements, cities, headwords, people, records or cards (worlds that have a size; see "
-                                        "`data worlds`)."),
-    as_folder: bool = typer.Option(False, "--as-folder", help="notes: also write the notes as Markdown files "
+                                        "elements, cities, headwords, people, members, records or cards (worlds "
+                                        "that have a size; see `data worlds`)."),
+    as_folder: bool = typer.Option(False, "--as-folder", help="notes, club: also write the notes as Markdown files "
                                                                "under OUT/notes/ (for `index build OUT/notes`)."),
     samples: int = typer.Option(3, help="Sample dev questions to print with their gold passages (0: none)."),
 ) -> None:

@@ -144,10 +144,16 @@ def check_replaceable(out: Path) -> None:
     if not is_dataset(out):
         return
     ours = {*FILES, "manifest.json"}
-    if (jsonio.our_manifest(out) or {}).get("kind") == "notes":
-        ours.add("notes")   # the Markdown of `data build notes --as-folder`
+    if (jsonio.our_manifest(out) or {}).get("kind") in _folder_kinds():
+        ours.add("notes")   # the Markdown of `data build notes --as-folder` (or club)
     jsonio.check_holds_only(out, ours, "what a world or mixture build writes", "rebuilding would delete them: "
                             "move them out, or remove the folder first", hidden=True)
+
+
+def _folder_kinds() -> set[str]:
+    """The manifest kinds of the worlds whose `--as-folder` writes a notes/ folder (notes, club)."""
+    from .registry import WORLDS   # here, not at the top: the registry imports this module
+    return {w.manifest_kind for w in WORLDS.values() if w.folder}
 
 
 def atomic_dir(out: str | Path) -> contextlib.AbstractContextManager[Path]:

@@ -2,7 +2,7 @@
 
 Every world writes the same files (corpus.jsonl, train/dev/test.jsonl,
 oracle.jsonl, stats.json, manifest.json) from a pinned package or, for notes,
-records and catalog, from the seed alone; nothing is fetched at build time.
+club, records and catalog, from the seed alone; nothing is fetched at build time.
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ WORLDS = {w.name: w for w in (
           size="headwords"),
     World("notes", "dgpo_edge.worlds.notes.build:build_notes", "", "",
           "generated Markdown notes of 100 people: 258 passages, 1,177 questions", size="people, 6 to 118", folder=True),
+    World("club", "dgpo_edge.worlds.club.build:build_club", "", "",
+          "generated Markdown notes of a rowing club, 100 members, none of notes' names or relations: "
+          "251 passages, 1,641 questions", size="members, 8 to 122", folder=True),
     World("records", "dgpo_edge.worlds.records:build_records", "", "",
           "generated records of 360 clubs, ships, museums, bands and more, 57 field names: 360 passages, "
           "3,377 questions", size="records, 18 to 5,000"),
@@ -83,7 +86,8 @@ def build(name: str, out: str | Path, seed: int = 0, holdout: float = 0.15, size
     if size is not None and size < 1:
         raise InputError(f"--size must be at least 1, got {size}")
     if as_folder and not w.folder:
-        raise InputError(f"--as-folder is for the notes world, not {name}")
+        folders = " and ".join(n for n, x in WORLDS.items() if x.folder)
+        raise InputError(f"--as-folder is for the {folders} worlds, not {name}")
     module, _, func = w.builder.partition(":")
     builder = getattr(importlib.import_module(module), func)
     kwargs = {"size": size} if w.size else {}

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-import re
 import string
-import unicodedata
 from dataclasses import dataclass, field
+
+from ..notebook import roster, slug as _slug
 
 FIRST = ("Priya", "Tomás", "Amara", "Kenji", "Lena", "Mateo", "Ingrid", "Yusuf", "Chloé", "Ravi", "Sofia",
          "Dmitri", "Aisha", "Jonas", "Mei", "Oskar", "Nadia", "Hugo", "Zainab", "Felix", "Rosa", "Arjun",
@@ -145,21 +145,14 @@ class Workplace:
     networks: dict[str, Network]
 
 
-def _slug(text: str) -> str:
-    """`Tomás` -> `tomas`, `my parents' flat` -> `my-parents-flat`: safe file names on any system."""
-    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode().lower()
-    return re.sub(r"[^a-z0-9]+", "-", ascii_text).strip("-")
-
-
 def generate(seed: int, n_people: int = 100) -> Workplace:
     """A workplace of `n_people` people (at most len(FIRST)), the same for a seed."""
     rng = random.Random(f"notes-world-{seed}")
-    n_people = max(MIN_PEOPLE, min(n_people, len(FIRST)))
     people = {}
-    for first, last in zip(rng.sample(FIRST, n_people), rng.choices(LAST, k=n_people)):
+    for first, last in roster(rng, FIRST, LAST, n_people, MIN_PEOPLE):
         key = _slug(first)
         people[key] = Person(key, first, last, rng.choice(ROLES), rng.choice(CITIES), str(rng.randrange(1000, 9999)))
-    keys = list(people)
+    keys, n_people = list(people), len(people)
     teams = {}
     for i, name in enumerate(TEAMS[: max(2, n_people // 8)]):
         teams[_slug(name)] = Team(_slug(name), name, keys[i])
@@ -196,12 +189,3 @@ def generate(seed: int, n_people: int = 100) -> Workplace:
                                          f"192.168.{subnet}.{rng.randrange(2, 60)}",
                                          f"192.168.{subnet}.{rng.randrange(60, 250)}")
     return Workplace(people, teams, rooms, projects, trips, networks)
-
-
-def day(d: dt.date) -> str:
-    """`4 March 2025`: how the notes write dates, and so how gold answers read."""
-    return f"{d.day} {MONTHS[d.month - 1]} {d.year}"  # not strftime: that follows the locale
-
-
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-          "October", "November", "December")

@@ -9,12 +9,8 @@ the oracle keeps the first query that really retrieves the note.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..base import Question, Step
-from ..phrasing import Phraser
-from .people import Workplace, day
-from .render import Note
+from ..notebook import Asker, day
 
 FACT = {  # relation -> (templates with {x}, label)
     "role": (("What does {x} do?", "{x} role", "what's {x}'s job", "{x} job title"), "role"),
@@ -55,26 +51,6 @@ CHAIN = {  # relation -> templates with {x}
     "owner_trip_hotel": ("Which hotel is the owner of Project {x} staying at on their trip?",
                          "{x} owner trip hotel", "where does the person who owns {x} stay when travelling"),
 }
-
-
-@dataclass
-class Asker:
-    w: Workplace
-    notes: dict[tuple[str, str], Note]
-    pid: dict[str, str]   # note path -> passage id
-    ph: Phraser
-
-    def hop(self, kind: str, key: str, think: str, *queries: str) -> Step:
-        return Step(think, queries, self.pid[self.notes[(kind, key)].path])
-
-    def ask(self, rel: str, x: str, answers: list[str], steps: list[Step], entities: tuple[str, ...],
-            final: str, bridge: str | None = None) -> Question:
-        chain = rel in CHAIN
-        templates = CHAIN[rel] if chain else FACT[rel][0]
-        paths = [p for s in steps for p, pid in self.pid.items() if pid == s.evidence]
-        return Question(self.ph.ask(templates, x=x), answers, len(steps), "chain" if chain else "fact", rel,
-                        tuple(dict.fromkeys(entities)), [s.evidence for s in steps], steps, final, bridge,
-                        meta={"notes": paths})
 
 
 def person_questions(a: Asker, key: str) -> list[Question]:

@@ -7,25 +7,8 @@ so following a chain means searching for the linked title.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .people import Workplace, day
-
-
-@dataclass(frozen=True)
-class Note:
-    key: str      # the entity the note is about, e.g. "person:priya" (split hold-out)
-    path: str     # relative path in the folder, e.g. "people/priya.md"
-    title: str
-    lines: tuple[str, ...]
-
-    @property
-    def markdown(self) -> str:
-        return f"# {self.title}\n\n" + "\n".join(self.lines) + "\n"
-
-    @property
-    def text(self) -> str:
-        return " ".join(self.lines)
+from ..notebook import Note, collect, day
+from .people import Workplace
 
 
 def kickoff_title(w: Workplace, project: str) -> str:
@@ -34,10 +17,9 @@ def kickoff_title(w: Workplace, project: str) -> str:
 
 def notes(w: Workplace) -> dict[tuple[str, str], Note]:
     """Every note by (kind, key), in a fixed order: people, teams, rooms, projects, kickoffs, trips, networks."""
-    kinds = (("person", w.people, _person), ("team", w.teams, _team), ("room", w.rooms, _room),
-             ("project", w.projects, _project), ("kickoff", w.projects, _kickoff), ("trip", w.trips, _trip),
-             ("network", w.networks, _network))
-    return {(kind, key): render(w, key) for kind, table, render in kinds for key in table}
+    return collect(w, (("person", w.people, _person), ("team", w.teams, _team), ("room", w.rooms, _room),
+                       ("project", w.projects, _project), ("kickoff", w.projects, _kickoff), ("trip", w.trips, _trip),
+                       ("network", w.networks, _network)))
 
 
 def _person(w: Workplace, key: str) -> Note:
