@@ -6,7 +6,14 @@ one); the CLI turns it into a single line on stderr and exit status 2.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
+
+#: OSError numbers that the system, not a bug, causes: a folder the user may not write, a read-only
+#: or full disk, a name too long for the file system. The CLI reports them as bad input, one
+#: `error:` line naming the file (cli.common.user_errors); any other OSError keeps its traceback.
+REFUSED_BY_SYSTEM = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                               errno.ENAMETOOLONG})
 
 
 class InputError(Exception):

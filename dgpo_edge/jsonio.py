@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from .errors import InputError
+from .errors import REFUSED_BY_SYSTEM, InputError
 
 
 @contextlib.contextmanager
@@ -194,8 +194,11 @@ def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
     """
     out = Path(out).absolute()   # `--out .` has no name to put a temp folder beside
     check_replaceable(out, mine, what)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as e:   # a read-only disk, a folder not the user's: named as given, not as the temp folder
+        raise InputError(f"cannot be written ({e.strerror})", out) from None
     try:
         yield tmp
         os.chmod(tmp, 0o755)
@@ -203,8 +206,10 @@ def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
             if f.is_file():
                 make_readable(f)
         replace_dir(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in REFUSED_BY_SYSTEM:   # a full disk: --out, not a temp file
+            raise InputError(f"could not be written ({e.strerror}); nothing was written", out) from None
         raise
 
 

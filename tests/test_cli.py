@@ -207,6 +207,13 @@ def test_factbook_requires_out():
     assert "--out" in result.plain
 
 
+@pytest.mark.parametrize("command", [["data", "factbook"], ["data", "build", "records", "--size", "20"]])
+def test_negative_samples_is_a_one_line_error(tmp_path, command):
+    """`--samples -1` printed every dev question but the last (rows[:n]), after building the world."""
+    assert_one_line_error(invoke(*command, "--out", tmp_path / "x", "--samples", "-1"), "'--samples'")
+    assert not (tmp_path / "x").exists()
+
+
 def test_factbook_bad_holdout_is_a_one_line_error(tmp_path):
     result = invoke("data", "factbook", "--out", tmp_path / "x", "--holdout", "0.7")
     assert result.exit_code == 2 and "Traceback" not in result.plain

@@ -428,6 +428,26 @@ def test_build_malformed_jsonl_line(tmp_path):
     assert not out.exists()  # bad input leaves nothing behind
 
 
+def test_build_where_the_system_refuses_to_write(notes, tmp_path, monkeypatch):
+    """An --out name too long for the file system, or a disk that fills while the store is written:
+    one `error:` line (the progress bars cleared), exit 2, not a traceback."""
+    import sqlite3
+
+    from dgpo_edge.retrieval.store import PassageStore
+
+    assert_one_line_error(invoke("index", "build", notes, "--out", tmp_path / ("a" * 300), "--kind", "bm25"),
+                          "File name too long")
+
+    def disk_full(*args, **kwargs):
+        e = sqlite3.OperationalError("database or disk is full")
+        e.sqlite_errorname = "SQLITE_FULL"
+        raise e
+
+    monkeypatch.setattr(PassageStore, "build", disk_full)
+    assert_one_line_error(invoke("index", "build", notes, "--out", tmp_path / "idx", "--kind", "bm25"),
+                          "database or disk is full (SQLite); free some space")
+
+
 def test_build_unknown_kind(notes, tmp_path):
     assert_one_line_error(invoke("index", "build", notes, "--out", tmp_path / "idx", "--kind", "nope"),
                           "'nope'", "flat, ivfpq, bm25, hybrid")
@@ -649,3 +669,30 @@ def test_info_shows_a_shared_indexs_manifest_as_plain_text(flat_index, tmp_path)
     assert result.exit_code == 0, result.output
     assert "[bold]tool[/] v1" in result.plain and "\x1b]0" not in result.output
     assert "shared[x]" in result.plain
+
+
+@pytest.mark.parametrize("source, needle", [
+    (5, '"source" must be an object'),
+    ({"documents": 3}, '"source.documents" needs'),
+    ({"documents": {"read": 1, "read_by_type": {}, "passages": 1, "skipped": ["a.md"]}}, '"source.documents" needs'),
+])
+def test_a_shared_indexs_malformed_source_is_one_error_line(notes, tmp_path, source, needle):
+    """`source` (and its summary of the documents read) is printed by `index info` and read by
+    `index update`: a manifest with another shape there was a traceback (AttributeError, TypeError)."""
+    idx = tmp_path / "idx"
+    assert invoke("index", "build", notes, "--out", idx, "--kind", "bm25").exit_code == 0
+    m = manifest(idx)
+    m["source"] = source
+    (idx / "manifest.json").write_text(json.dumps(m))
+    for args in (("index", "info", idx), ("index", "update", notes, "--out", idx)):
+        assert_one_line_error(invoke(*args), str(idx / "manifest.json"), needle)
+
+
+def test_a_bm25_search_that_finds_nothing_says_so(notes, tmp_path):
+    """A query sharing no word with any passage printed only the timing line, as if search were broken."""
+    idx = tmp_path / "idx"
+    assert invoke("index", "build", notes, "--out", idx, "--kind", "bm25").exit_code == 0
+    result = invoke("index", "search", idx, "zanzibar quokka")
+    assert result.exit_code == 0, result.output
+    assert "no passage matches the query" in result.plain and hits(result) == []
+    assert json.loads(invoke("index", "search", idx, "zanzibar quokka", "--json").output) == {"result": [[]]}

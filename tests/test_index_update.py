@@ -216,6 +216,19 @@ def test_update_refuses_a_jsonl_index(tmp_path):
     assert_one_line_error(invoke("index", "update", notes, "--out", tmp_path / "idx"), "no such index folder")
 
 
+def test_a_jsonl_given_as_the_folder_is_named_not_the_index(tmp_path):
+    """`index update corpus.jsonl --out IDX` over an index of notes: the source is what is wrong, so
+    the error names it, not the index (which was said to need a rebuild)."""
+    notes = write_notes(tmp_path / "notes", n=2)
+    build_index(notes, tmp_path / "idx", kind="bm25")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "0", "contents": "\\"A\\"\\nalpha"}\n')
+    line = assert_one_line_error(invoke("index", "update", corpus, "--out", tmp_path / "idx"),
+                                 f"{corpus}: is a .jsonl corpus, not the folder of documents the index was "
+                                 "built from ('notes')")
+    assert "rebuild" not in line
+
+
 def test_a_bundles_index_is_neither_updated_nor_rebuilt(tmp_path):
     """`--out BUNDLE/index` changed the bundle's index files in place: its manifest then listed
     sizes and sha256 digests they no longer had."""

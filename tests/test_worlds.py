@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dgpo_edge import protocol
+from dgpo_edge import jsonio, protocol
 from dgpo_edge.errors import InputError
 from dgpo_edge.fts import BM25Index
 from dgpo_edge.metrics import normalize_answer
@@ -441,12 +441,16 @@ def test_data_build_help():
     (["records", "--size", "9000"], ["records", "18 to 5,000", "--size"]),
     (["catalog", "--size", "17"], ["catalog counts cards", "18 to 5,000", "--size"]),
     (["club", "--size", "7"], ["club counts members", "8 to 122", "--size"]),
+    # a silent 118 elements for --size 500; a world with empty dev and test splits, nothing to score on
+    (["elements", "--size", "500"], ["elements counts elements", "at most 118", "got 500"]),
+    (["elements", "--size", "1"], ["no dev or test questions", "0 of 1 entities", "larger --size or --holdout"]),
+    (["records", "--size", "18", "--holdout", "0.01"], ["no dev or test questions", "0 of 18 entities"]),
 ])
 def test_data_build_bad_input(tmp_path, args, needles):
     out = tmp_path / "out"
     name, *rest = args
     assert_one_line_error(invoke("data", "build", name, "--out", out, *rest), *needles)
-    assert not out.exists()
+    assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_a_build_replaces_a_world_and_refuses_any_other_folder(tmp_path):
@@ -506,6 +510,34 @@ def test_an_index_folder_is_not_a_world_to_replace(tmp_path, monkeypatch):
     assert_one_line_error(invoke("data", "build", "records", "--out", index, "--size", 20),
                           "is not a world or mixture folder; refusing to replace it")
     assert sorted(p.name for p in index.iterdir()) == before
+
+
+def test_an_output_the_system_refuses_is_one_error_line(tmp_path, monkeypatch):
+    """A read-only disk, a folder the user may not write, a full disk or a name too long: one `error:`
+    line naming --out (not the temp folder beside it), exit 2, and nothing left behind."""
+    import errno
+    import tempfile
+
+    long_name = tmp_path / ("a" * 300)   # over every file system's 255-byte limit: refused by the system
+    assert_one_line_error(invoke("data", "build", "records", "--out", long_name, "--size", 20),
+                          "File name too long")
+    out = tmp_path / "w"
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / ".w.x.tmp"))
+
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "mkdtemp", read_only)
+        assert_one_line_error(invoke("data", "build", "records", "--out", out, "--size", 20),
+                              f"{out}: cannot be written (Read-only file system)")
+
+    def disk_full(path):
+        raise OSError(errno.ENOSPC, "No space left on device")   # a write's error names no file
+
+    monkeypatch.setattr(jsonio, "make_readable", disk_full)
+    assert_one_line_error(invoke("data", "build", "records", "--out", out, "--size", 20),
+                          f"{out}: could not be written (No space left on device); nothing was written")
+    assert list(tmp_path.iterdir()) == []
 
 
 def _stop(message: str) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import math
 import os
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import PurePath
@@ -18,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import InputError
+from ..errors import REFUSED_BY_SYSTEM, InputError
 from ..protocol import MAX_SEARCHES, MAX_TOP_K
 from ..termtext import not_utf8, printable
 
@@ -94,7 +95,8 @@ def fail(message: str, status: int = 2) -> NoReturn:
 
 
 def user_errors(fn: F) -> F:
-    """Turn InputError (and a missing optional dependency) into `error: ...` and exit 2."""
+    """Turn InputError (and a missing optional dependency) into `error: ...` and exit 2, and so an
+    OSError the system causes (REFUSED_BY_SYSTEM: `--out` on a read-only disk, a full disk)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -102,6 +104,14 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except InputError as e:
             fail(str(e))
+        except OSError as e:
+            if e.errno not in REFUSED_BY_SYSTEM:
+                raise   # anything else is a bug, and keeps its traceback
+            fail(f"{e.filename}: {e.strerror}" if e.filename else str(e.strerror))
+        except sqlite3.OperationalError as e:   # a store or an index's BM25 written to a full disk
+            if getattr(e, "sqlite_errorname", "") != "SQLITE_FULL":
+                raise
+            fail(f"{e} (SQLite); free some space and run the command again")
 
     return wrapper  # type: ignore[return-value]
 

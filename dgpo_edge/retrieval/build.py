@@ -569,7 +569,27 @@ def load_manifest(index_dir: str | Path) -> dict[str, Any]:
             raise InputError(f'malformed manifest: "encoder" lacks {e}', path) from None
     if not isinstance(m.get("params", {}), dict):
         raise InputError('malformed manifest: "params" must be an object', path)
+    _check_source(m, path)
     return m
+
+
+def _check_source(m: dict[str, Any], path: Path) -> None:
+    """`source` and its `documents` summary, which `index info` prints and `index update` reads: an
+    object, and the summary's fields of the types `source_entry` writes (a shared index's manifest
+    of another shape was a traceback)."""
+    source = m.get("source") or {}
+    if not isinstance(source, dict):
+        raise InputError('malformed manifest: "source" must be an object', path)
+    docs = source.get("documents")
+    if docs is None:
+        return
+    skipped = docs.get("skipped") if isinstance(docs, dict) else None
+    if not (isinstance(docs, dict) and isinstance(docs.get("read"), int) and isinstance(docs.get("passages"), int)
+            and isinstance(docs.get("read_by_type"), dict) and isinstance(skipped, list)
+            and all(isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("reason"), str)
+                    for s in skipped)):
+        raise InputError('malformed manifest: "source.documents" needs "read", "read_by_type", "passages" and '
+                         '"skipped" (each a path and a reason)', path)
 
 
 def verify_files(index_dir: str | Path, full: bool = False, cached: bool = False) -> dict[str, Any]:

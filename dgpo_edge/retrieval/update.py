@@ -83,9 +83,13 @@ def update_index(folder: str | Path, out: str | Path, *, encoder: str | Encoder 
     emit = progress or (lambda stage, done, total: None)
     check_outside_bundle(out)   # a bundle's index/: its manifest lists the sha256 of each file changed here
     m = verify_files(out)
-    if (m.get("source") or {}).get("format") != "text" or detect_format(folder) != "text":
+    if (m.get("source") or {}).get("format") != "text":
         raise InputError("index update works on indexes of a folder of documents; rebuild this one with "
                          "`dgpo-edge index build --overwrite`", out)
+    if (fmt := detect_format(folder)) != "text":   # the index is fine: the source given is not one
+        what = "a FactbookQA or world folder" if fmt == "factbook" else "a .jsonl corpus"
+        raise InputError(f"is {what}, not the folder of documents the index was built from "
+                         f"({(m.get('source') or {}).get('corpus')!r})", folder)
     with PassageStore(out / STORE_FILE) as store:
         old = {r.path: r for r in store.documents()}
     if not old:

@@ -180,7 +180,10 @@ def build_elements(out: str | Path, seed: int = 0, holdout: float = 0.15, size: 
     """Build the elements world into `out` (`size`: only the first N elements, for tests)."""
     check_holdout(holdout)
     say("reading mendeleev's elements.db")
-    elements = load_elements()[:size]
+    elements = load_elements()
+    if size is not None and size > len(elements):   # not a silent 118 for --size 500
+        raise InputError(f"--size for elements counts elements: at most {len(elements)}, got {size}")
+    elements = elements[:size]
     passages, facts = [], {}
     for e in elements:
         ps, where = element_passages(e, len(passages))

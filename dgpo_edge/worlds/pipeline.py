@@ -95,6 +95,16 @@ def place(questions: list[Question], split_of: dict[str, str], seed: int, droppe
     return splits
 
 
+def check_held_out(splits: dict[str, list[Question]], split_of: dict[str, str], label: str) -> None:
+    """Refuse a world whose dev or test split has no question (`--size 1`, `--holdout 0.01` on a small
+    world): nothing could be scored on it, and `data mix`, `eval` and training would fail on it later."""
+    empty = [name for name in ("dev", "test") if not splits[name]]
+    if empty:
+        held = sum(1 for s in split_of.values() if s == "dev")
+        raise InputError(f"no {' or '.join(empty)} questions: {held} of {len(split_of)} {label} held out for "
+                         "each of dev and test; give a larger --size or --holdout")
+
+
 def oracles(train: list[Question], passages, dropped: Counter[str]) -> list[dict]:
     """Gold trajectories for train questions whose searches retrieve their evidence (BM25)."""
     index = BM25Index(Passage(p.id, p.contents) for p in passages)
@@ -116,6 +126,7 @@ def build_world(out: str | Path, spec: WorldSpec, passages: list, candidates: li
     dropped: Counter[str] = Counter()
     kept = verified(candidates, passages, dropped)
     splits = place(kept, split_of, seed, dropped, spec.prefix, spec.entity_label)
+    check_held_out(splits, split_of, spec.entity_label)
     say("writing oracle trajectories (BM25-checked)")
     oracle = oracles(splits["train"], passages, dropped)
     say(f"writing {out}")

