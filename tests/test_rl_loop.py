@@ -435,10 +435,14 @@ def test_config_errors_exit_2_naming_the_key(toy, tmp_path, override, message):
 
 def test_a_dev_or_report_split_without_questions_is_refused_before_the_run(toy, tmp_path):
     config = write_rl_config(toy, tmp_path / "run")
-    for overrides in ([f"data.dev={toy / 'dev.jsonl'}", "data.dev_limit=0"],
-                      [f"data.report={toy / 'dev.jsonl'}", "data.report_limit=0"]):
-        key = overrides[0].split("=")[0]
-        assert_one_line_error(invoke("train", "ppo", "--config", config, *overrides), f"{key} gives no questions")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    for key in ("data.dev", "data.report"):
+        overrides = [f"{key}={tmp_path / 'empty.jsonl'}"]
+        assert_one_line_error(invoke("train", "ppo", "--config", config, *overrides), "empty.jsonl: empty file")
+        assert not (tmp_path / "run").exists()
+        # a limit of 0 is refused as a setting, naming its key (config.validate_seed_and_limits)
+        overrides = [f"{key}={toy / 'dev.jsonl'}", f"{key}_limit=0"]
+        assert_one_line_error(invoke("train", "ppo", "--config", config, *overrides), f"'{key}_limit' must be >= 1")
         assert not (tmp_path / "run").exists()
 
 

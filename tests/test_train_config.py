@@ -127,7 +127,9 @@ def test_cli_bad_key_and_override(tmp_path):
 def test_cli_missing_model_and_bad_trajectories(tmp_path):
     path = _yaml(tmp_path, f"run: {{out_dir: {tmp_path / 'run'}}}\nmodel: {{path: {tmp_path / 'no-model'}}}\n"
                            f"data: {{train: {tmp_path / 't.jsonl'}}}\n")
-    (tmp_path / "t.jsonl").write_text("")
+    (tmp_path / "t.jsonl").write_text("")   # named first now, before any model (the next test)
+    assert_one_line_error(invoke("train", "sft", "--config", path), "t.jsonl", "no trajectories")
+    (tmp_path / "t.jsonl").write_text('{"question": "q", "segments": [{"kind": "turn", "text": "t"}]}\n')
     assert_one_line_error(invoke("train", "sft", "--config", path), "no-model", "no such model")
     assert not (tmp_path / "run").exists()  # nothing written before the inputs are known good
 
@@ -140,6 +142,28 @@ def test_a_missing_data_file_is_named_by_its_key_before_any_model_loads(tmp_path
     path = _yaml(tmp_path, f"run: {{out_dir: {tmp_path / 'run'}}}\nmodel: {{path: {tmp_path / 'no-model'}}}\n"
                            f"data: {{train: {tmp_path / 't.jsonl'}, dev: {tmp_path / 'dev.jsonl'}, retriever: c.jsonl}}\n{extra}")
     assert_one_line_error(invoke("train", stage, "--config", path), "dev.jsonl", "data.dev: no such file")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("stage, extra", [("sft", ""), ("kd", "kd: {teacher: no-teacher}\n")])
+@pytest.mark.parametrize("key, text, needle", [
+    ("train", '{"question": "q", "segments": [{"kind": "turn", "text": "t"}]}\n{oops\n', "t.jsonl, line 2: malformed JSON"),
+    ("train", '{"question": "q", "golden_answers": ["a"]}\n', "t.jsonl, line 1: missing 'segments'"),  # a QA file
+    ("train", "\n", "t.jsonl: data.train: no trajectories in this file"),
+    ("dev", '{"question": "q", "golden_answers": ["a"]}\n[1]\n', "dev.jsonl, line 2: expected a JSON object"),
+    ("report", '{oops\n', "dev.jsonl, line 1: malformed JSON"),
+])
+def test_bad_rows_are_named_before_any_model_loads(tmp_path, stage, extra, key, text, needle):
+    """A bad line of data.train, data.dev or data.report was named only once the model (and a KD
+    run's teacher) had loaded: here the model does not exist, and the line is still what is named."""
+    good = '{"question": "q", "golden_answers": ["a"], "segments": [{"kind": "turn", "text": "t"}]}\n'
+    files = {"train": tmp_path / "t.jsonl", "dev": tmp_path / "dev.jsonl", "report": tmp_path / "dev.jsonl"}
+    files["train"].write_text(good)
+    files[key].write_text(text)
+    split = "" if key == "train" else f", {key}: {files[key]}, retriever: c.jsonl"
+    path = _yaml(tmp_path, f"run: {{out_dir: {tmp_path / 'run'}}}\nmodel: {{path: {tmp_path / 'no-model'}}}\n"
+                           f"data: {{train: {files['train']}{split}}}\n{extra}")
+    assert_one_line_error(invoke("train", stage, "--config", path), needle)
     assert not (tmp_path / "run").exists()
 
 
@@ -300,6 +324,65 @@ def test_a_run_dir_where_a_file_stands_is_named(tmp_path):
         check_run_dir(link / "run")
     assert e.value.path == str(link)
     check_run_dir(tmp_path / "new" / "run")   # folders yet to be made are fine
+
+
+@pytest.mark.parametrize("override, needle", [
+    # a seed past int64 once multiplied stopped the run with torch's traceback after the model loaded
+    ("run.seed=99999999999999", "key 'run.seed' must be in [0, 4294967295]"),
+    ("run.seed=-1", "key 'run.seed' must be in [0, 4294967295]"),
+    # RL: islice's traceback; SFT: "no usable trajectories (0 rows, ...)" after loading, naming no key
+    ("data.limit=-3", "key 'data.limit' must be >= 1 (or null: every row)"),
+    ("data.limit=0", "key 'data.limit' must be >= 1"),
+    ("data.dev_limit=-1", "key 'data.dev_limit' must be >= 1"),
+    ("data.report_limit=0", "key 'data.report_limit' must be >= 1"),
+    # a section set to a value: "must be <class 'dgpo_edge.train.config.OptimSection'>, got 3"
+    ("optim=3", "override 'optim' names a section: set one of its keys, optim.KEY=VALUE (known: "),
+    ("model.random_init.num_hidden_layers=1", "set it whole, as model.random_init={KEY: VALUE, ...}"),
+])
+@pytest.mark.parametrize("stage", ["sft", "dgpo"])
+def test_seeds_limits_and_sections_are_refused_naming_the_key(tmp_path, override, needle, stage):
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    load = (lambda o: load_config(SFTConfig, _yaml(tmp_path, GOOD), o)) if stage == "sft" else \
+        (lambda o: load_rl_config("dgpo", _yaml(tmp_path, RL_GOOD), ["rollout.prompts_per_step=256", *o]))
+    load(["data.limit=1", "run.seed=4294967295"])   # the edges of the ranges load
+    with pytest.raises(InputError) as info:
+        load([override])
+    assert needle in str(info.value) and "c.yaml" in str(info.value)
+
+
+def test_a_model_that_cannot_load_is_named_by_its_key_before_any_loads(tmp_path):
+    """A teacher or critic path with a typo was found only after the student (and critic) had loaded,
+    as "no such tokenizer directory"; a folder that holds no model stopped with transformers' own
+    message and exit status 1."""
+    from dgpo_edge.train.plumbing import check_model_paths
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    (tmp_path / "data").mkdir()
+    base = ["rollout.prompts_per_step=256", f"model.path={model}", f"teacher.path={model}"]
+    check_model_paths(load_rl_config("dgpo", _yaml(tmp_path, RL_GOOD), base))   # all there
+    for override, key, why in [(f"teacher.path={tmp_path / 'nope'}", "teacher.path", "no such model file"),
+                               (f"critic.path={tmp_path / 'nope'}", "critic.path", "no such model file"),
+                               (f"teacher.path={tmp_path / 'data'}", "teacher.path", "no config.json"),
+                               (f"model.path={tmp_path / 'c.yaml'}", "model.path", "not a model folder or a .gguf"),
+                               (f"model.tokenizer={tmp_path / 'data'}", "model.tokenizer", "no tokenizer")]:
+        with pytest.raises(InputError) as info:
+            check_model_paths(load_rl_config("dgpo", _yaml(tmp_path, RL_GOOD), [*base, override]))
+        assert f"{key}: " in info.value.message and why in info.value.message, (override, str(info.value))
+    kd = load_config(KDConfig, _yaml(tmp_path, GOOD), [f"model.path={model}", f"kd.teacher={tmp_path / 'data'}"])
+    with pytest.raises(InputError, match="kd.teacher: not a transformers model folder"):
+        check_model_paths(kd)
+    check_model_paths(load_rl_config("ppo", _yaml(tmp_path, RL_GOOD), base[:2]))   # ppo loads no teacher
+    # through the CLI: one line, exit 2, before anything loads or is written
+    config = _yaml(tmp_path, f"run: {{out_dir: {tmp_path / 'run'}}}\nmodel: {{path: {model}}}\n"
+                             f"data: {{train: {tmp_path / 'c.yaml'}, retriever: c.jsonl}}\n"
+                             f"teacher: {{path: {tmp_path / 'data'}}}\nrollout: {{prompts_per_step: 256}}\n", "r.yaml")
+    assert_one_line_error(invoke("train", "dgpo", "--config", config), "teacher.path: not a transformers model folder")
+    assert not (tmp_path / "run").exists()
 
 
 def test_old_protocol_keys_load_with_a_warning_naming_the_new_key(tmp_path, capsys):

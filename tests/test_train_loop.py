@@ -161,6 +161,31 @@ def test_resume_after_interruption_gives_the_same_next_metrics(toy, tmp_path):
         assert (wa[k] - wb[k]).abs().max() < 1e-5, k
 
 
+def test_a_resume_between_two_metric_rows_logs_the_uninterrupted_rows(toy, tmp_path):
+    """With log.every=3 and a checkpoint at step 2, the resumed run's row at step 3 averaged step 3
+    alone (the steps before the resume were forgotten): another loss and token count than the
+    uninterrupted run's row, which averages steps 1-3."""
+    common = {"optim": {"max_steps": 6, "batch_size": 2, "warmup_ratio": 0.3},
+              "log": {"every": 3, "save_every": 2, "tensorboard": False, "progress": False}}
+    straight = write_config(tmp_path / "a.yaml", toy["student"], toy["train"], tmp_path / "a", **common)
+    _sft(straight)
+    broken = write_config(tmp_path / "b.yaml", toy["student"], toy["train"], tmp_path / "b", **common)
+
+    def crash_at_3(step, stats):
+        if step == 3:  # after the checkpoint at step 2 and the row at step 3
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        _sft(broken, on_step=crash_at_3)
+    _sft(broken)  # resumes from step 2, one step into the window of the row at step 3
+    a = read_metrics(tmp_path / "a" / "metrics.csv")
+    b = read_metrics(tmp_path / "b" / "metrics.csv")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == ["3", "6"]
+    for ra, rb in zip(a, b):
+        assert float(ra["loss"]) == pytest.approx(float(rb["loss"]), rel=1e-6, abs=1e-7), (ra, rb)
+        assert (ra["tokens"], ra["loss_tokens"]) == (rb["tokens"], rb["loss_tokens"])
+
+
 def test_a_run_without_evaluations_saves_by_the_clock(toy, tmp_path):
     """With no data.dev and no log.save_every a run saved only at its end: a crash at any step lost
     everything. log.save_minutes saves checkpoints/last once that long has passed (here: every step)."""

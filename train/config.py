@@ -301,6 +301,10 @@ def apply_override(config: Any, item: str, where: Path | str) -> None:
     hints = _hints(type(target))
     if leaf not in hints or not dataclasses.is_dataclass(target):
         raise InputError(f"override {key!r}: unknown key{_known(target)}", where)
+    section = getattr(target, leaf)
+    if dataclasses.is_dataclass(section):   # else _coerce would name the class: "must be <class '...'>"
+        raise InputError(f"override {key!r} names a section: set one of its keys, {key}.KEY=VALUE"
+                         f"{_known(section)}", where)
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
@@ -450,6 +454,7 @@ def validate(config: Any, path: Path | str) -> None:
 
     if not config.run.out_dir:
         bad("run.out_dir", "is required")
+    validate_seed_and_limits(config, bad)
     if not config.model.path:
         bad("model.path", "is required")
     if not config.data.train:
@@ -478,6 +483,23 @@ def validate(config: Any, path: Path | str) -> None:
     validate_lora(config.lora, bad)
     if isinstance(config, KDConfig):
         _validate_kd(config.kd, bad)
+
+
+# torch seeds a generator with (seed x 1,000,003 + epoch) as a signed 64-bit number (data.batch_order):
+# a larger seed stopped the run with a traceback once the model had loaded. NumPy's range, as usual.
+MAX_SEED = 2**32 - 1
+
+
+def validate_seed_and_limits(config: Any, bad) -> None:
+    """run.seed in [0, MAX_SEED], and the data section's row limits >= 1 or null (shared with the RL
+    config): a negative limit stopped an RL run with islice's traceback, and 0 was refused only after
+    loading, as "no usable trajectories" or "no training questions", which named no key."""
+    if not 0 <= config.run.seed <= MAX_SEED:
+        bad("run.seed", f"must be in [0, {MAX_SEED}], got {config.run.seed}")
+    for key in ("limit", "dev_limit", "report_limit"):
+        value = getattr(config.data, key)
+        if value is not None and value < 1:
+            bad(f"data.{key}", f"must be >= 1 (or null: every row), got {value}")
 
 
 def validate_schedule(eval: EvalSection, log: LogSection, bad) -> None:
@@ -537,8 +559,15 @@ def _child(obj: Any, name: str, key: str, where: Path | str) -> Any:
         raise InputError(f"override {key!r}: unknown section{_known(obj)}", where)
     child = getattr(obj, name)
     if not dataclasses.is_dataclass(child):
-        raise InputError(f"override {key!r}: not a section", where)
+        whole = f"; set it whole, as {key}={{KEY: VALUE, ...}}" if _accepts_mapping(_hints(type(obj))[name]) else ""
+        raise InputError(f"override {key!r}: not a section{whole}", where)
     return child
+
+
+def _accepts_mapping(hint: Any) -> bool:
+    """A field that holds a mapping (model.random_init): its keys are not dotted keys of the config."""
+    options = typing.get_args(hint) if _is_union(hint) else (hint,)
+    return any(opt is dict or typing.get_origin(opt) is dict for opt in options)
 
 
 def _known(obj: Any) -> str:

@@ -39,6 +39,22 @@ def require_data_files(data: Any) -> None:
                 raise InputError(f"data.{key}: {e.message}", e.path) from None
 
 
+def check_trajectory_rows(path: str | Path, limit: int | None) -> None:
+    """The rows load_trajectories will read (the first `limit`) are trajectories, checked without a
+    tokenizer before any model loads: a malformed line, a QA file given as data.train or an empty
+    file was named only once the model (and a KD run's teacher) had loaded."""
+    path = Path(path)
+    rows = 0
+    for line, row in read_jsonl(path):
+        if limit is not None and rows >= limit:
+            break
+        rows += 1
+        transcript_from_row(row, path, line, None)
+        _answers(row, path, line)
+    if not rows:
+        raise InputError("data.train: no trajectories in this file", path)
+
+
 @dataclass
 class Example:
     """One tokenized trajectory."""

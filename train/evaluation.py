@@ -93,6 +93,15 @@ def make_eval_fn(config: Any, tokenizer: Any) -> Callable[..., dict] | None:
     return evaluate
 
 
+def check_questions(data: Any) -> None:
+    """data.dev's and data.report's questions read, before any model loads (make_eval_fn, which
+    reads them for the run, needs the tokenizer): a bad line was named only after loading."""
+    for key in ("dev", "report"):
+        path = getattr(data, key)
+        if path:
+            _questions(path, getattr(data, f"{key}_limit"), f"data.{key}")
+
+
 def _questions(path: str, limit: int | None, key: str) -> list:
     from dgpo_edge.datasets import read_qa
 

@@ -468,6 +468,29 @@ def check_random_init_key(config: Any, key: str, where: Path) -> None:
                          f"did you mean {near[0]!r}?", where)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def check_model_spec(spec: str, key: str, *, model: bool = True, tokenizer: bool = True) -> None:
+    """InputError naming `key` for a model (or tokenizer) setting that cannot load: no such file or
+    folder (a hub id is left to the hub), a folder without config.json (or tokenizer files), a file
+    that is not a .gguf. Cheap, so a run checks every model it names before loading the first: a
+    teacher's typo surfaced only after the student (and critic) had loaded, and a folder that was no
+    model at all stopped with transformers' own message and exit status 1."""
+    src = Path(resolve_path(spec))
+    if not src.exists():
+        if _is_hub_id(spec):
+            return
+        raise InputError(f"{key}: no such model file or directory", src)
+    if src.is_dir():
+        if model and not (src / "config.json").is_file():
+            raise InputError(f"{key}: not a transformers model folder (no config.json)", src)
+        if tokenizer and not any((src / name).is_file() for name in TOKENIZER_FILES):
+            raise InputError(f"{key}: no tokenizer in this folder ({' or '.join(TOKENIZER_FILES)})", src)
+    elif src.suffix != ".gguf":
+        raise InputError(f"{key}: not a model folder or a .gguf file", src)
+
+
 def load_lm(path: str, tokenizer_path: str | None = None, random_init: dict | None = None,
             seed: int = 0) -> tuple[Any, Any]:
     """(causal LM, tokenizer) from a transformers dir or a .gguf file (pkg:// allowed).

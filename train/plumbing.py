@@ -222,12 +222,36 @@ RUN_FILES = frozenset({"config.yaml", "metrics.csv", "eval.csv", "report.jsonl",
 
 def check_before_loading(config: Any) -> None:
     """What a run can check before any model loads, so that a mistake costs no loading time: the
-    files of data.train, data.dev and data.report, and run.out_dir (prepare_run_dir checks it again
-    once the models are loaded, on every process together)."""
-    from .data import require_data_files
+    files of data.train, data.dev and data.report and their rows, run.out_dir (prepare_run_dir checks it again
+    once the models are loaded, on every process together), and the models' paths."""
+    from .data import check_trajectory_rows, require_data_files
+    from .evaluation import check_questions
 
     require_data_files(config.data)
+    if config.stage in ("sft", "kd"):   # trajectories; RL reads its questions before its models anyway
+        check_trajectory_rows(config.data.train, config.data.limit)
+    check_questions(config.data)
     check_run_dir(Path(config.run.out_dir), config.stage)
+    check_model_paths(config)
+
+
+def check_model_paths(config: Any) -> None:
+    """Every model the run will load (student, tokenizer, KD's or DGPO's teacher, the critic) can be
+    found, before the first loads (models.check_model_spec)."""
+    from .models import check_model_spec
+
+    m = config.model
+    own_tokenizer = bool(m.tokenizer)   # else each model's tokenizer is read from its own path
+    check_model_spec(m.path, "model.path", tokenizer=not own_tokenizer)
+    if own_tokenizer:
+        check_model_spec(m.tokenizer, "model.tokenizer", model=False)
+    kd = getattr(config, "kd", None)
+    if kd is not None and kd.teacher:
+        check_model_spec(kd.teacher, "kd.teacher")
+    if getattr(config, "uses_critic", False) and config.critic.path:
+        check_model_spec(config.critic.path, "critic.path", tokenizer=not own_tokenizer)
+    if getattr(config, "uses_teacher", False):
+        check_model_spec(config.teacher.path, "teacher.path")
 
 
 def check_run_dir(out: Path, stage: str | None = None) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,10 @@ class TrainState:
     elapsed_s: float = 0.0
     eval_s: float = 0.0          # part of elapsed_s spent evaluating
     tokens: int = 0
+    # The steps since the last metric row (their loss sum, count, tokens and seconds): a run resumed
+    # between two rows averaged only the steps after the resume into the next one, so with log.every
+    # > 1 that row's loss and tokens differed from the uninterrupted run's.
+    window: dict = field(default_factory=dict)
 
 
 def check_zero3(config: Any, stage: int | None, processes: int) -> None:
@@ -165,7 +169,10 @@ class Trainer:
             self._evaluate(logger)
         start_step = self.state.step
         self.save_clock.saved()   # log.save_minutes count training, not loading and a first evaluation
-        window = {"loss": 0.0, "n": 0, "tokens": 0, "loss_tokens": 0, "t0": time.perf_counter()}
+        saved = self.state.window   # a resumed run's steps since its last row, else nothing
+        self._window = window = {"loss": saved.get("loss", 0.0), "n": saved.get("n", 0),
+                                 "tokens": saved.get("tokens", 0), "loss_tokens": saved.get("loss_tokens", 0),
+                                 "t0": time.perf_counter() - saved.get("seconds", 0.0)}
         with progress_bar(self.acc.is_main_process and self.config.log.progress, self.total_steps,
                        start_step, self.config.stage) as advance:
             while self.state.step < self.total_steps:
@@ -180,7 +187,8 @@ class Trainer:
                 advance(stats["loss"])
                 if self.state.step % self.config.log.every == 0 or self.state.step == self.total_steps:
                     logger.train_row(self._train_row(window, stats), TRAIN_COLUMNS)
-                    window = {"loss": 0.0, "n": 0, "tokens": 0, "loss_tokens": 0, "t0": time.perf_counter()}
+                    self._window = window = {"loss": 0.0, "n": 0, "tokens": 0, "loss_tokens": 0,
+                                             "t0": time.perf_counter()}
                 self._after_step(logger)
                 if self.on_step:
                     self.on_step(self.state.step, stats)
@@ -295,6 +303,10 @@ class Trainer:
 
     def save_last(self) -> None:
         """checkpoints/last: model + tokenizer (transformers format) and state/ for resuming."""
+        window = getattr(self, "_window", None)
+        self.state.window = {} if not window else {
+            **{k: window[k] for k in ("loss", "n", "tokens", "loss_tokens")},
+            "seconds": time.perf_counter() - window["t0"]}
         write_last(self.acc, self.ckpt, self.lm, self.tokenizer, self.state.__dict__, self.provenance(),
                    module=self.module)
         self.save_clock.saved()

@@ -207,7 +207,7 @@ def validate_rl(config: RLConfig, path) -> None:
     """Presence and range checks, each naming the key (InputError -> exit status 2)."""
     from dgpo_edge.errors import InputError
 
-    from ..config import validate_lora, validate_schedule
+    from ..config import validate_lora, validate_schedule, validate_seed_and_limits
 
     def bad(key: str, why: str) -> None:
         raise InputError(f"key {key!r} {why}", path)
@@ -216,6 +216,7 @@ def validate_rl(config: RLConfig, path) -> None:
                        ("data.train", config.data.train), ("data.retriever", config.data.retriever)):
         if not value:
             bad(key, "is required")
+    validate_seed_and_limits(config, bad)
     if config.model.compile:   # shared with SFT/KD's ModelSection; RL's switch also covers critic and teacher
         bad("model.compile", "is for `train sft` and `train kd`; RL compiles the actor, critic and teacher "
                              "with ppo.compile")
