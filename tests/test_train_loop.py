@@ -16,6 +16,7 @@ from train_helpers import (
     read_metrics,
     smol_tokenizer_dir,
     tiny_model_dir,
+    toy_trajectory,
     write_config,
     write_toy_data,
 )
@@ -406,7 +407,8 @@ def test_a_model_path_shaped_like_a_hub_id_that_is_not_here_is_one_error_line(tm
     import os
 
     config = Path(__file__).resolve().parents[1] / "train" / "configs" / "tiny-cpu-sft.yaml"
-    (tmp_path / "t.jsonl").write_text("")   # data files are checked first
+    # data files and their rows are checked first: one good trajectory
+    (tmp_path / "t.jsonl").write_text(json.dumps(toy_trajectory("France", "Paris")) + "\n")
     done = subprocess.run([sys.executable, "-m", "dgpo_edge", "train", "sft", "--config", str(config),
                            "model.path=out/nope", f"run.out_dir={tmp_path / 'run'}", "data.train=t.jsonl"], capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=300)
