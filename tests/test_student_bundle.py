@@ -94,6 +94,29 @@ def test_student_choice(tmp_path: Path, monkeypatch):
         shipped_student()
 
 
+@pytest.mark.parametrize("protocol, needle", [({"top_k": 0}, "protocol.top_k"), ({"top_k": True}, "protocol.top_k"),
+                                              ({"max_searches": 10**9}, "protocol.max_searches"),
+                                              ({"top_k": 3, "max_turn_tokens": 0}, "max_turn_tokens must be >= 1"),
+                                              ({"top_k": 3, "temperature": 1}, "temperature"),
+                                              ([3], '"protocol" must be an object')])
+def test_a_student_spec_the_agent_would_refuse_names_its_file(tmp_path: Path, monkeypatch, protocol, needle):
+    """student.json ($DGPO_EDGE_STUDENT) is checked as a bundle manifest is: a bad protocol was a traceback."""
+    spec = json.loads((SHIPPED / "student.json").read_text())
+    monkeypatch.setenv(ENV_STUDENT, str(tmp_path))
+    (tmp_path / "student.json").write_text(json.dumps({**spec, "protocol": protocol}))
+    with pytest.raises(InputError, match="bad protocol settings") as e:
+        shipped_student()
+    assert needle in str(e.value) and "student.json" in str(e.value)
+
+
+def test_a_student_spec_that_is_not_json_names_its_file(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv(ENV_STUDENT, str(tmp_path))
+    for text, needle in (("{not json", "not JSON"), ("[1, 2]", "not a JSON object")):
+        (tmp_path / "student.json").write_text(text)
+        with pytest.raises(InputError, match=needle):
+            shipped_student()
+
+
 def test_the_shipped_student_searches_and_answers(tmp_path: Path, monkeypatch):
     """The student this package ships, rebuilt from the real base and its adapter, on the tiny corpus."""
     base = smollm2_gguf()

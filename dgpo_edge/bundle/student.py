@@ -241,11 +241,32 @@ def shipped_student(folder: str | Path | None = None) -> ShippedStudent | None:
         if choice:
             raise InputError(f"no student.json here (set {ENV_STUDENT}=none for the base model)", root)
         return None
-    spec = json.loads(path.read_text(encoding="utf-8"))
+    return ShippedStudent(root, _read_spec(path))
+
+
+def _read_spec(path: Path) -> dict:
+    """student.json, checked as a bundle manifest is: a spec that is not JSON, or whose protocol the
+    agent would refuse (top_k 0, a count given as true), was a traceback once the student loaded."""
+    from ..protocol import ProtocolConfig
+    from .core import _check_search_settings
+
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise InputError(f"not a student spec (not JSON: {e})", path) from None
+    if not isinstance(spec, dict):
+        raise InputError("not a student spec (not a JSON object)", path)
     missing = [k for k in _SPEC_KEYS if k not in spec]
     if missing or spec["quant"] not in QUANTS:
         raise InputError(f"student.json lacks {', '.join(missing)} or names an unknown quant", path)
-    return ShippedStudent(root, spec)
+    if not isinstance(spec["protocol"], dict):
+        raise InputError('bad protocol settings: "protocol" must be an object', path)
+    _check_search_settings(spec["protocol"], path)
+    try:
+        ProtocolConfig(**spec["protocol"])   # as the default bundle builds it
+    except (TypeError, ValueError) as e:
+        raise InputError(f"bad protocol settings: {e}", path) from None
+    return spec
 
 
 def student_gguf(student: ShippedStudent, base: Path, out_dir: Path) -> Path:
