@@ -12,6 +12,7 @@ information and feedback tokens never carry loss.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,15 +45,21 @@ def check_trajectory_rows(path: str | Path, limit: int | None) -> None:
     tokenizer before any model loads: a malformed line, a QA file given as data.train or an empty
     file was named only once the model (and a KD run's teacher) had loaded."""
     path = Path(path)
-    rows = 0
-    for line, row in read_jsonl(path):
-        if limit is not None and rows >= limit:
-            break
-        rows += 1
-        transcript_from_row(row, path, line, None)
-        _answers(row, path, line)
-    if not rows:
+    if not sum(1 for _ in _rows(path, limit, None)):   # every row read, so that a bad one is named
         raise InputError("data.train: no trajectories in this file", path)
+
+
+Row = tuple[int, dict, Transcript, tuple[str, ...]]   # line, row, its transcript, its gold answers
+
+
+def _rows(path: Path, limit: int | None, template: Any, tokenizer: Any = None) -> Iterator[Row]:
+    """The first `limit` rows as (line, row, transcript, gold answers), each checked (InputError names
+    the file and line): the check before loading and the loading read rows through this one loop,
+    so that what the first passes the second takes."""
+    for n, (line, row) in enumerate(read_jsonl(path)):
+        if limit is not None and n >= limit:
+            break
+        yield line, row, transcript_from_row(row, path, line, template, tokenizer), _answers(row, path, line)
 
 
 @dataclass
@@ -125,12 +132,8 @@ def load_trajectories(path: str | Path, tokenizer: Any, *, max_length: int, only
     template = tokenizer if chat_template and getattr(tokenizer, "chat_template", None) else None
     examples: list[Example] = []
     stats = LoadStats()
-    for line, row in read_jsonl(path):
-        if limit is not None and stats.rows >= limit:
-            break
+    for line, row, t, golds in _rows(path, limit, template, tokenizer):
         stats.rows += 1
-        t = transcript_from_row(row, path, line, template, tokenizer)
-        golds = _answers(row, path, line)
         if only_correct and not exact_match(t.answer(), golds):
             stats.wrong_answer += 1
             continue

@@ -336,6 +336,14 @@ def write_provenance(folder: Path, extra: dict[str, Any] | None) -> None:
         (folder / PROVENANCE).write_text(json.dumps({**extra, "files": files}, indent=2) + "\n")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def has_tokenizer(folder: Path) -> bool:
+    """Whether a checkpoint folder holds a tokenizer (either of TOKENIZER_FILES)."""
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
 def check_checkpoint(path: str | Path) -> Path:
     """The checkpoint folder's config.json; one error naming the path otherwise (none there at all,
     or a folder without a config)."""
@@ -359,7 +367,7 @@ def load_checkpoint(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
     except (OSError, ValueError, KeyError) as e:
         raise InputError(f"cannot load the model: {e}", path) from None
     tokenizer = None
-    if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
+    if has_tokenizer(path):
         tokenizer = AutoTokenizer.from_pretrained(path)
     return model.eval(), tokenizer
 
@@ -468,9 +476,6 @@ def check_random_init_key(config: Any, key: str, where: Path) -> None:
                          f"did you mean {near[0]!r}?", where)
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
 def check_model_spec(spec: str, key: str, *, model: bool = True, tokenizer: bool = True) -> None:
     """InputError naming `key` for a model (or tokenizer) setting that cannot load: no such file or
     folder (a hub id is left to the hub), a folder without config.json (or tokenizer files), a file
@@ -485,7 +490,7 @@ def check_model_spec(spec: str, key: str, *, model: bool = True, tokenizer: bool
     if src.is_dir():
         if model and not (src / "config.json").is_file():
             raise InputError(f"{key}: not a transformers model folder (no config.json)", src)
-        if tokenizer and not any((src / name).is_file() for name in TOKENIZER_FILES):
+        if tokenizer and not has_tokenizer(src):
             raise InputError(f"{key}: no tokenizer in this folder ({' or '.join(TOKENIZER_FILES)})", src)
     elif src.suffix != ".gguf":
         raise InputError(f"{key}: not a model folder or a .gguf file", src)

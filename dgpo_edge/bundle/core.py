@@ -217,7 +217,7 @@ def _check_shapes(m: dict[str, Any], mpath: Path) -> None:
         if not isinstance(value, kind) or isinstance(value, bool):
             raise InputError(f'malformed bundle manifest: "{section}.{key}" must be '
                              f'{"a string" if kind is str else "an integer"}', mpath)
-    _check_search_settings(m.get("protocol") or {}, mpath)
+    check_search_settings(m.get("protocol") or {}, mpath)
 
 
 #: The ranges of the agent's --top-k and --max-searches (protocol.MAX_TOP_K, MAX_SEARCHES), in which
@@ -226,7 +226,7 @@ _SEARCH_RANGES = {"top_k": (1, protocol.MAX_TOP_K), "max_searches": (0, protocol
                   OLD_MAX_SEARCHES_KEY: (0, protocol.MAX_SEARCHES)}
 
 
-def _check_search_settings(settings: dict[str, Any], mpath: Path) -> None:
+def check_search_settings(settings: dict[str, Any], mpath: Path) -> None:
     """A manifest's top_k and max_searches, in the agent commands' ranges: int() took true as 1, 2.5
     as 2 and any huge count, and `bundle verify` passed what the agent commands refuse as options."""
     for key, (low, high) in _SEARCH_RANGES.items():

@@ -248,7 +248,7 @@ def _read_spec(path: Path) -> dict:
     """student.json, checked as a bundle manifest is: a spec that is not JSON, or whose protocol the
     agent would refuse (top_k 0, a count given as true), was a traceback once the student loaded."""
     from ..protocol import ProtocolConfig
-    from .core import _check_search_settings
+    from .core import check_search_settings
 
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
@@ -261,7 +261,7 @@ def _read_spec(path: Path) -> dict:
         raise InputError(f"student.json lacks {', '.join(missing)} or names an unknown quant", path)
     if not isinstance(spec["protocol"], dict):
         raise InputError('bad protocol settings: "protocol" must be an object', path)
-    _check_search_settings(spec["protocol"], path)
+    check_search_settings(spec["protocol"], path)
     try:
         ProtocolConfig(**spec["protocol"])   # as the default bundle builds it
     except (TypeError, ValueError) as e:

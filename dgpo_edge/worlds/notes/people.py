@@ -14,7 +14,7 @@ import random
 import string
 from dataclasses import dataclass, field
 
-from ..notebook import roster, slug as _slug
+from ..notebook import roster, slug
 
 FIRST = ("Priya", "Tomás", "Amara", "Kenji", "Lena", "Mateo", "Ingrid", "Yusuf", "Chloé", "Ravi", "Sofia",
          "Dmitri", "Aisha", "Jonas", "Mei", "Oskar", "Nadia", "Hugo", "Zainab", "Felix", "Rosa", "Arjun",
@@ -150,18 +150,18 @@ def generate(seed: int, n_people: int = 100) -> Workplace:
     rng = random.Random(f"notes-world-{seed}")
     people = {}
     for first, last in roster(rng, FIRST, LAST, n_people, MIN_PEOPLE):
-        key = _slug(first)
+        key = slug(first)
         people[key] = Person(key, first, last, rng.choice(ROLES), rng.choice(CITIES), str(rng.randrange(1000, 9999)))
     keys, n_people = list(people), len(people)
     teams = {}
     for i, name in enumerate(TEAMS[: max(2, n_people // 8)]):
-        teams[_slug(name)] = Team(_slug(name), name, keys[i])
+        teams[slug(name)] = Team(slug(name), name, keys[i])
     for i, key in enumerate(keys):  # the first len(teams) people lead their own team
         team = teams[list(teams)[i % len(teams)]]
         people[key].team = team.key
         team.members.append(key)
     n_rooms = max(4, min(len(ROOMS), n_people // 6))
-    rooms = {_slug(r): Room(_slug(r), r, rng.choice(BUILDINGS), rng.randrange(1, 7), rng.choice((4, 6, 8, 10, 12, 16, 20)))
+    rooms = {slug(r): Room(slug(r), r, rng.choice(BUILDINGS), rng.randrange(1, 7), rng.choice((4, 6, 8, 10, 12, 16, 20)))
              for r in ROOMS[:n_rooms]}
     projects = {}
     owners = rng.sample(keys, min(len(PROJECTS), n_people // 2))
@@ -169,23 +169,23 @@ def generate(seed: int, n_people: int = 100) -> Workplace:
         kickoff = dt.date(2025, 1, 6) + dt.timedelta(days=rng.randrange(0, 300))
         team = people[owner].team
         others = [k for k in teams[team].members if k != owner]
-        projects[_slug(name)] = Project(
-            _slug(name), name, owner, team, rng.choice(GOALS), kickoff + dt.timedelta(days=rng.randrange(40, 200)),
+        projects[slug(name)] = Project(
+            slug(name), name, owner, team, rng.choice(GOALS), kickoff + dt.timedelta(days=rng.randrange(40, 200)),
             kickoff, f"{rng.randrange(9, 17):02d}:{rng.choice(('00', '30'))}", rng.choice(sorted(rooms)),
             [owner] + rng.sample(others, min(3, len(others))))
-        people[owner].project = _slug(name)
+        people[owner].project = slug(name)
     trips = {}
     for key in rng.sample(keys, n_people // 4):
         city = rng.choice([c for c in CITIES if c != people[key].city])
         code = "".join(rng.choice(string.ascii_uppercase + string.digits) for _ in range(6))
-        trips[f"{key}-{_slug(city)}"] = Trip(f"{key}-{_slug(city)}", key, city, rng.choice(HOTELS),
+        trips[f"{key}-{slug(city)}"] = Trip(f"{key}-{slug(city)}", key, city, rng.choice(HOTELS),
                                              f"{rng.choice(AIRLINES)} {rng.randrange(100, 9999)}", code,
                                              dt.date(2025, 1, 6) + dt.timedelta(days=rng.randrange(0, 330)),
                                              rng.randrange(2, 6))
     networks = {}
     for place, ssid in zip(PLACES[: max(2, min(len(PLACES), n_people // 20))], rng.sample(WIFI, len(PLACES))):
         subnet = rng.choice((0, 1, 2, 10, 178))
-        networks[_slug(place)] = Network(_slug(place), place, ssid, rng.choice(ROUTERS),
+        networks[slug(place)] = Network(slug(place), place, ssid, rng.choice(ROUTERS),
                                          f"192.168.{subnet}.{rng.randrange(2, 60)}",
                                          f"192.168.{subnet}.{rng.randrange(60, 250)}")
     return Workplace(people, teams, rooms, projects, trips, networks)
