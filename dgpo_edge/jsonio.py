@@ -94,18 +94,27 @@ def ours(out: Path) -> bool:
     return our_manifest(out) is not None
 
 
+def folder_holding(path: str | Path, kind: Callable[[Path], bool]) -> Path | None:
+    """The nearest folder above `path` (links followed) that `kind` recognises, or None. `path`
+    itself is not inside itself: a command that replaces a bundle or world whole replaces its
+    manifest with it."""
+    return next((folder for folder in Path(path).resolve().parents if kind(folder)), None)
+
+
+def is_bundle(folder: Path) -> bool:
+    """A folder whose manifest.json is a bundle's (any writer: a hand-made one lists its files too)."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == BUNDLE_FORMAT
+
+
 def bundle_holding(path: str | Path) -> Path | None:
     """The bundle folder `path` lies in (a folder above it, links followed, with a bundle's
     manifest.json), or None. The bundle itself is not inside one: `export bundle --overwrite`
     replaces it whole, manifest and all."""
-    for folder in Path(path).resolve().parents:
-        try:
-            manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(manifest, dict) and manifest.get("format") == BUNDLE_FORMAT:
-            return folder
-    return None
+    return folder_holding(path, is_bundle)
 
 
 def check_outside_bundle(out: str | Path) -> None:

@@ -347,6 +347,36 @@ def test_mixing_into_a_world_it_reads_is_refused(worlds: Path, tmp_path: Path):
     assert not (local / "elements" / "w").exists()
 
 
+def test_mixing_inside_a_world_folder_is_refused(worlds: Path, tmp_path: Path, monkeypatch):
+    """--out WORLDS_DIR/cities/sub wrote the mixture inside a world folder, whose manifest lists its
+    files and whose rebuild deletes it; so did one inside any world or mixture. One error line names
+    --out, before any world is built; `data build --out` inside a world is refused the same way."""
+    import shutil
+
+    local = tmp_path / "w"
+    shutil.copytree(worlds, local)
+    before = {p: p.read_bytes() for p in local.rglob("*") if p.is_file()}
+    for out in (local / "cities" / "sub", local / "dictionary" / "a" / "b",   # worlds it reads
+                local / "notes" / "m"):                                      # and one it does not
+        assert_one_line_error(invoke("data", "mix", "--world", "cities=1", "--world", "dictionary=1",
+                                     "--worlds-dir", local, "--out", out), str(out), "is inside", "world folder")
+    mixed = tmp_path / "m"
+    assert invoke("data", "mix", "--world", "cities=1", "--worlds-dir", local, "--out", mixed,
+                  "--train-size", 10, "--eval-size", 4).exit_code == 0
+    assert_one_line_error(invoke("data", "mix", "--world", "cities=1", "--worlds-dir", local, "--out", mixed / "in"),
+                          str(mixed / "in"), "inside the mixture folder")
+    assert_one_line_error(invoke("data", "build", "elements", "--size", 5, "--out", local / "cities" / "e"),
+                          "is inside the cities world folder")
+    assert {p: p.read_bytes() for p in local.rglob("*") if p.is_file()} == before
+    # not built yet: refused before the build that would make the folder around it
+    monkeypatch.setattr(registry, "build", lambda *a, **kw: pytest.fail("built a world"))
+    empty = tmp_path / "empty"
+    out = empty / "cities" / "sub"
+    assert_one_line_error(invoke("data", "mix", "--world", "cities=1", "--worlds-dir", empty, "--out", out),
+                          str(out), "is inside", "reads world cities", "another --out")
+    assert not empty.exists()
+
+
 # ------------------------------------------------------------ training on it
 
 @pytest.mark.slow

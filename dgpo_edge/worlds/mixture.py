@@ -333,12 +333,18 @@ def check_same_mixture(out: str | Path, weights: dict[str, float], worlds_dir: s
 
 def check_not_an_input(out: Path, worlds_dir: Path, names: list[str]) -> None:
     """Refuse an `out` that is (or holds) the folder of a world the mixture reads: the mixture would
-    replace that world, and the next mix would read the mixture as the world."""
+    replace that world, and the next mix would read the mixture as the world. Or one inside that
+    folder, which the world's build (before the mixture is written) may not have made yet; inside
+    a built world, pipeline.check_outside_dataset refuses it."""
     where = out.resolve()
     for name in names:
         folder = (worlds_dir / name).resolve()
         if folder == where or where in folder.parents:
             raise InputError(f"is where the mixture reads world {name} from (--worlds-dir {worlds_dir}); "
+                             "mix into another --out", out)
+        if folder in where.parents:
+            raise InputError(f"is inside {worlds_dir / name}, where the mixture reads world {name} from "
+                             f"(--worlds-dir {worlds_dir}), and a rebuild of {name} replaces that folder whole; "
                              "mix into another --out", out)
 
 

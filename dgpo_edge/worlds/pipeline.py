@@ -152,6 +152,7 @@ def check_replaceable(out: Path) -> None:
     and a world or mixture that holds more than a build writes: a rebuild replaces the folder whole,
     so a file someone put there (a README, an index built inside it) would go with it."""
     jsonio.check_replaceable(out, is_dataset, "a world or mixture folder")
+    check_outside_dataset(out)
     if not is_dataset(out):
         return
     ours = {*FILES, "manifest.json"}
@@ -159,6 +160,18 @@ def check_replaceable(out: Path) -> None:
         ours.add("notes")   # the Markdown of `data build notes --as-folder` (or club)
     jsonio.check_holds_only(out, ours, "what a world or mixture build writes", "rebuilding would delete them: "
                             "move them out, or remove the folder first", hidden=True)
+
+
+def check_outside_dataset(out: Path) -> None:
+    """Refuse an `out` inside a world or mixture folder (`--out WORLDS_DIR/records/sub`), as
+    jsonio.check_outside_bundle refuses one inside a bundle: rebuilding that world replaces its
+    folder whole, and check_replaceable refuses the rebuild of a world holding anything else."""
+    holder = jsonio.folder_holding(out, is_dataset)
+    if holder is not None:
+        kind = (jsonio.our_manifest(holder) or {}).get("kind")
+        what = "mixture" if kind == "mixture" else f"{kind} world"
+        raise InputError(f"is inside the {what} folder {holder}, whose manifest lists its files and whose "
+                         "rebuild replaces it whole; write elsewhere", out)
 
 
 def _folder_kinds() -> set[str]:
