@@ -227,6 +227,8 @@ def test_a_world_at_another_seed_is_mixed_as_its_own_entry(tmp_path: Path, monke
 @pytest.mark.parametrize("args, needles", [
     (["--world", "elements=abc"], ["elements=abc", "NAME=WEIGHT"]),
     (["--world", "elements=0"], ["above 0"]),
+    (["--world", "elements=1e-320"], ["elements=1e-320", "above 0", "2.2e-308"]),   # denormal: was mixed as nothing
+    (["--world", "elements=1e308", "--world", "cities=1e308"], ["add up past the largest number"]),  # a traceback
     (["--world", "planets=1"], ["unknown world 'planets'"]),
     (["--world", "elements=1", "--world", "elements=2"], ["given twice"]),
     (["--world", "elements=1", "--world", "notes=1", "--hold-out", "notes"], ["--hold-out notes", "no weight"]),
@@ -529,6 +531,21 @@ def test_a_folder_holding_another_world_is_not_mixed_in_under_this_name(worlds: 
                         "--world", f"{world}=1")
         assert_one_line_error(result, str(local / world), needle)
     assert not (tmp_path / "m").exists()
+
+
+def test_a_world_drawn_into_no_train_question_is_refused(worlds: Path, tmp_path: Path):
+    """elements=1e-6 beside cities=1 was mixed in as passages and no question, without a word; now
+    one error line names the world and its weight. At the default sizes (the most the weights allow)
+    too, and as soon as its share draws one question the mixture is made."""
+    for sizes in (("--train-size", 40, "--eval-size", 10), ()):
+        result = invoke("data", "mix", "--world", "cities=1", "--world", "elements=1e-6", "--worlds-dir", worlds,
+                        "--out", tmp_path / "m", *sizes)
+        assert_one_line_error(result, "--world elements=1e-06", "draws no train question", "larger weight")
+    assert not (tmp_path / "m").exists()
+    result = invoke("data", "mix", "--world", "cities=1", "--world", "elements=0.03", "--worlds-dir", worlds,
+                    "--out", tmp_path / "m", "--train-size", 40, "--eval-size", 10)   # 40 * 0.03 = 1.2: one
+    assert result.exit_code == 0, result.output
+    assert Counter(r["world"] for r in _jsonl(tmp_path / "m" / "train.jsonl")) == {"cities": 39, "elements": 1}
 
 
 def test_a_size_the_worlds_cannot_fill_is_refused(worlds: Path, tmp_path: Path):

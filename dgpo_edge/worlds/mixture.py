@@ -20,6 +20,7 @@ import json
 import math
 import random
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,14 +86,20 @@ def parse_weights(specs: list[str]) -> dict[str, float]:
             weight = float(text)
         except ValueError:
             weight = math.nan
-        if not sep or not math.isfinite(weight) or weight <= 0:
-            raise InputError(f"--world {spec!r}: expected NAME=WEIGHT with a weight above 0, e.g. factbook=0.5")
+        # a denormal weight (1e-320) is above 0 yet holds a few bits: its share of a split rounds to
+        # no question, and shares of such weights are not the ratios typed
+        if not sep or not math.isfinite(weight) or weight < sys.float_info.min:
+            raise InputError(f"--world {spec!r}: expected NAME=WEIGHT with a weight above 0 "
+                             f"({sys.float_info.min:.1e} or more), e.g. factbook=0.5")
         split_entry(name)
         if name in weights:
             raise InputError(f"--world {name} is given twice")
         weights[name] = weight
     if not weights:
         raise InputError("a mixture needs at least one --world NAME=WEIGHT")
+    if not math.isfinite(sum(weights.values())):   # the shares divide by it: each would be 0
+        raise InputError(f"--world weights {', '.join(specs)} add up past the largest number; weights are "
+                         "relative, so give smaller ones (0.5 and 1 mean 1:2)")
     return weights
 
 
@@ -180,6 +187,16 @@ def check_split_size(split: str, asked: int | None, made: int) -> None:
     if asked is not None and made < asked:
         raise InputError(f"{option} {asked}: at these weights the worlds give at most {made:,} {split} questions "
                          f"without repeating one; leave {option} out for the most")
+
+
+def check_every_world_drawn(weights: dict[str, float], counts: dict[str, int], split: str) -> None:
+    """A world given a weight so small that its share rounds to no question of `split` (train) is
+    refused, not mixed in as passages alone: who names a world expects it in the mixture."""
+    for name in sorted(counts):
+        if counts[name] == 0:
+            raise InputError(f"--world {name}={weights[name]:g}: at these weights and sizes {name} draws no {split} "
+                             f"question of the {sum(counts.values()):,} in the mixture; give it a larger weight "
+                             "or leave it out")
 
 
 def distinct_pools(worlds: list[WorldData], dropped: Counter[str]) -> dict[str, dict[str, list[dict]]]:
@@ -389,6 +406,8 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
         size = train_size if split == "train" else eval_size
         counts = allocate(share, {n: len(pools[split][n]) for n in names}, size)
         check_split_size(split, size, sum(counts.values()))
+        if split == "train":   # dev and test may lack a small world at a small --eval-size
+            check_every_world_drawn(weights, counts, split)
         rows[split] = [mixed_row(n, r) for n, r in draw(pools[split], counts, seed, split)]
 
     corpus = [{**p, "id": f"{w.name}:{p['id']}"} for w in worlds for p in w.corpus]
