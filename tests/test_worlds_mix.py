@@ -46,6 +46,19 @@ def _mix_args(worlds: Path, out: Path, *extra: object) -> list:
     return args
 
 
+def _spy_builds(monkeypatch) -> list[tuple[str, int, str]]:
+    """(world, seed, folder name) of each world the mixture builds from now on, built at SIZES."""
+    built = []
+    real = registry.build
+
+    def spy(name, out, **kw):
+        built.append((name, kw["seed"], Path(out).name))
+        return real(name, out, **{**kw, "size": SIZES[name]})
+
+    monkeypatch.setattr(registry, "build", spy)
+    return built
+
+
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("worlds")
@@ -181,32 +194,18 @@ def test_stats_and_manifest_match_the_files(mix: Path):
 
 
 def test_missing_worlds_are_built(tmp_path: Path, monkeypatch):
-    built = []
-    real = registry.build
-
-    def spy(name, out, **kw):
-        built.append(name)
-        return real(name, out, **{**kw, "size": SIZES[name]})
-
-    monkeypatch.setattr(registry, "build", spy)
+    built = _spy_builds(monkeypatch)
     result = invoke("data", "mix", "--world", "elements=1", "--hold-out", "notes", "--worlds-dir", tmp_path / "w",
                     "--out", tmp_path / "m", "--train-size", 10, "--eval-size", 5)
     assert result.exit_code == 0, result.output
-    assert sorted(built) == ["elements", "notes"]
+    assert sorted(name for name, _, _ in built) == ["elements", "notes"]
     assert (tmp_path / "w" / "notes" / "test.jsonl").is_file()  # for leave-one-world-out evaluation
     assert [len(_jsonl(tmp_path / "m" / f"{s}.jsonl")) for s in SPLITS] == [10, 5, 5]
 
 
 def test_a_world_at_another_seed_is_mixed_as_its_own_entry(tmp_path: Path, monkeypatch):
     # notes and notes@1: the notes world twice, other people each time, each in its own folder
-    built = []
-    real = registry.build
-
-    def spy(name, out, **kw):
-        built.append((name, kw["seed"], Path(out).name))
-        return real(name, out, **{**kw, "size": SIZES[name]})
-
-    monkeypatch.setattr(registry, "build", spy)
+    built = _spy_builds(monkeypatch)
     result = invoke("data", "mix", "--world", "notes=1", "--world", "notes@1=1", "--worlds-dir", tmp_path / "w",
                     "--out", tmp_path / "m", "--train-size", 40, "--eval-size", 10)
     assert result.exit_code == 0, result.output
@@ -222,6 +221,38 @@ def test_a_world_at_another_seed_is_mixed_as_its_own_entry(tmp_path: Path, monke
     assert {p["id"].rsplit(":", 1)[0] for p in corpus} == {"notes", "notes@1"}
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["weights"] == {"notes": 1.0, "notes@1": 1.0}
+
+
+def test_a_world_at_the_mixtures_own_seed_is_that_world(worlds: Path, tmp_path: Path, monkeypatch):
+    """notes@0 at seed 0 is notes, which a bare name builds with the mixture's seed: it built the same
+    world again in WORLDS_DIR/notes@0. Now it reads WORLDS_DIR/notes and makes the mixture of `notes`
+    byte for byte; a notes folder built with another seed is another world, so notes@0 keeps its own."""
+    import shutil
+
+    local = tmp_path / "w"
+    shutil.copytree(worlds, local)
+    sized = ("--train-size", 20, "--eval-size", 6, "--worlds-dir", local)
+    assert invoke("data", "mix", "--world", "elements=1", "--world", "notes=1", "--out", tmp_path / "bare",
+                  *sized).exit_code == 0
+    result = invoke("data", "mix", "--world", "elements=1", "--world", "notes@0=1", "--out", tmp_path / "at0", *sized)
+    assert result.exit_code == 0, result.output
+    assert not (local / "notes@0").exists()
+    for name in (*FILES, "manifest.json"):
+        assert (tmp_path / "at0" / name).read_bytes() == (tmp_path / "bare" / name).read_bytes(), name
+    assert "kept" in invoke("data", "mix", "--world", "elements=1", "--world", "notes@0=1", "--out", tmp_path / "bare",
+                            "--keep", *sized).flat
+    # at seed 1, WORLDS_DIR/notes (seed 0) is not notes@1's world: that one is built in its own folder
+    built = _spy_builds(monkeypatch)
+    result = invoke("data", "mix", "--world", "elements=1", "--world", "notes@1=1", "--seed", 1,
+                    "--out", tmp_path / "s1", *sized)
+    assert result.exit_code == 0, result.output
+    assert built == [("notes", 1, "notes@1")]
+    assert {r["world"] for r in _jsonl(tmp_path / "s1" / "train.jsonl")} == {"elements", "notes@1"}
+    # nothing built yet: notes@0 is built once, as notes
+    result = invoke("data", "mix", "--world", "notes@0=1", "--worlds-dir", tmp_path / "new", "--out", tmp_path / "n",
+                    "--train-size", 10, "--eval-size", 4)
+    assert result.exit_code == 0, result.output
+    assert built[1:] == [("notes", 0, "notes")] and sorted(p.name for p in (tmp_path / "new").iterdir()) == ["notes"]
 
 
 @pytest.mark.parametrize("args, needles", [

@@ -128,7 +128,8 @@ def mix(
     world: list[str] = typer.Option(..., "--world", help="NAME=WEIGHT, once per world in the mixture "
                                                          "(weights are relative: 0.5 and 1 mean 1:2); "
                                                          "NAME@SEED=WEIGHT mixes that world built with "
-                                                         "another seed as well (notes@2: other people)."),
+                                                         "another seed as well (notes@2: other people; at "
+                                                         "the mixture's own --seed it is NAME)."),
     hold_out: str = typer.Option(None, "--hold-out", help="A world kept out of the mixture entirely, for "
                                                           "leave-one-world-out evaluation on its own test split."),
     worlds_dir: Path = typer.Option(Path("out/worlds"), "--worlds-dir",

@@ -8,7 +8,8 @@
 A mixture entry is a world's name, built with the mixture's seed, or `NAME@SEED`: the same
 world built with another seed, in its own folder (WORLDS_DIR/NAME@SEED). For a generated world
 (notes) another seed is another set of people, teams and projects, so several seeds give more
-questions per relation than one world holds. Training reads a mixture exactly as it reads a world,
+questions per relation than one world holds. NAME@SEED at the mixture's own seed is NAME
+(resolve_entries), so no world is built twice. Training reads a mixture exactly as it reads a world,
 so nothing in train/ knows about mixtures. The held-out world adds nothing to the mixture (no passage, no question): its own
 folder keeps its test split for leave-one-world-out evaluation. Byte-identical for the same
 world folders, weights, sizes and seed.
@@ -101,6 +102,27 @@ def parse_weights(specs: list[str]) -> dict[str, float]:
         raise InputError(f"--world weights {', '.join(specs)} add up past the largest number; weights are "
                          "relative, so give smaller ones (0.5 and 1 mean 1:2)")
     return weights
+
+
+def resolve_entries(weights: dict[str, float], seed: int, worlds_dir: Path) -> dict[str, float]:
+    """The weights with each `NAME@S` at the mixture's seed S named `NAME`: a bare NAME is built with
+    the mixture's seed in WORLDS_DIR/NAME, so NAME@S would build the same world a second time in
+    WORLDS_DIR/NAME@S. Only where WORLDS_DIR/NAME holds that seed (or nothing yet, so it is built
+    with it): a NAME folder built with another seed is another world, and NAME@S keeps its own.
+    Listing NAME and NAME@S both is refused before (check_distinct)."""
+    resolved = {}
+    for name, weight in weights.items():
+        world, own = split_entry(name)
+        if own == seed and _built_seed(worlds_dir / world) in (None, seed):
+            name = world
+        resolved[name] = weight
+    return resolved
+
+
+def _built_seed(folder: Path) -> int | None:
+    """The seed the world in `folder` was built with; None when nothing is built there."""
+    path = folder / "manifest.json"
+    return _read_json(path).get("seed") if path.is_file() else None
 
 
 def ensure_world(name: str, folder: Path, seed: int, say: Callable[[str], None]) -> dict:
@@ -323,6 +345,7 @@ def check_same_mixture(out: str | Path, weights: dict[str, float], worlds_dir: s
     not show."""
     check_arguments(weights, held_out, seed, train_size, eval_size)
     out, worlds_dir = Path(out), Path(worlds_dir)
+    weights = resolve_entries(weights, seed, worlds_dir)
     path = out / "manifest.json"
     manifest = _read_json(path)
     if manifest.get("kind") != "mixture":
@@ -391,6 +414,7 @@ def build_mixture(out: str | Path, weights: dict[str, float], worlds_dir: str | 
     stopped half way leaves the old mixture (or none), never new files under an old manifest."""
     out, worlds_dir = Path(out), Path(worlds_dir)
     check_arguments(weights, held_out, seed, train_size, eval_size)
+    weights = resolve_entries(weights, seed, worlds_dir)
     check_replaceable(out)   # before any world is built or any file written
     check_not_an_input(out, worlds_dir, [*weights, *([held_out] if held_out else [])])
     names = sorted(weights)
