@@ -77,6 +77,16 @@ def rows_as_predictions(path: Path, method: str, questions: list[dict]) -> list[
             for q, a, s, o in zip(questions, row["answers"], row["search_queries"], row["outcomes"])]
 
 
+def predictions_of(path: Path, method: str | None, questions: list[dict]) -> list[dict]:
+    """A predictions file's rows, or with `method` the factbook_eval row of it; bad input is one error line."""
+    if not path.is_file():
+        fail(f"error: no such predictions file: {path}")
+    try:
+        return rows_as_predictions(path, method, questions) if method else read_predictions(path)
+    except InputError as e:
+        fail(f"error: {e}")
+
+
 def misreads(rows: list[dict], questions: dict[str, dict], retriever, k: int, examples: int = 3) -> dict:
     counts: dict[str, Counter] = defaultdict(Counter)
     shown_examples: dict[str, list] = defaultdict(list)
@@ -126,12 +136,7 @@ def main() -> None:
     questions = {q["id"]: q for q in ordered}
     with retriever:
         for path in args.predictions:
-            if not path.is_file():
-                fail(f"error: no such predictions file: {path}")
-            try:
-                rows = rows_as_predictions(path, args.method, ordered) if args.method else read_predictions(path)
-            except InputError as e:
-                fail(f"error: {e}")
+            rows = predictions_of(path, args.method, ordered)
             print(json.dumps({"file": str(path), **misreads(rows, questions, retriever, args.top_k)}))
 
 
