@@ -193,6 +193,18 @@ def visible_files(folder: Path) -> set[str]:
 
 
 @contextlib.contextmanager
+def making_folder(out: str | Path) -> Iterator[None]:
+    """Around the making of the output folder `out` (or of a folder in it or beside it): any OSError
+    there is bad input, one InputError naming `out` as given. Not only REFUSED_BY_SYSTEM's errnos
+    (a read-only disk, no permission): a pseudo-filesystem such as /proc answers mkdir with ENOENT
+    or EACCES as it likes, and a path the system will not make is never a bug of this program."""
+    try:
+        yield
+    except OSError as e:
+        raise InputError(f"cannot be written ({e.strerror or type(e).__name__})", out) from None
+
+
+@contextlib.contextmanager
 def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
                what: str = "a folder dgpo-edge wrote") -> Iterator[Path]:
     """A temp directory beside `out`, renamed onto it (replace_dir) when the block succeeds.
@@ -203,11 +215,9 @@ def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
     """
     out = Path(out).absolute()   # `--out .` has no name to put a temp folder beside
     check_replaceable(out, mine, what)
-    try:
+    with making_folder(out):   # named as given, not as the temp folder
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    except OSError as e:   # a read-only disk, a folder not the user's: named as given, not as the temp folder
-        raise InputError(f"cannot be written ({e.strerror})", out) from None
     try:
         yield tmp
         os.chmod(tmp, 0o755)

@@ -448,6 +448,16 @@ def test_build_where_the_system_refuses_to_write(notes, tmp_path, monkeypatch):
                           "database or disk is full (SQLite); free some space")
 
 
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="no /proc pseudo-filesystem here")
+def test_build_into_a_pseudo_filesystem_is_one_error_line(notes):
+    """/proc answers mkdir with ENOENT, an errno outside the ones the CLI reported as the system's:
+    every OSError while the output folder is made is one error line naming --out."""
+    assert_one_line_error(invoke("index", "build", notes, "--out", "/proc/x", "--kind", "bm25"),
+                          "/proc/x: cannot be written (")
+    assert_one_line_error(invoke("index", "build", notes, "--out", "/proc/x/y", "--kind", "bm25"),
+                          "/proc/x/y: cannot be written (")
+
+
 def test_build_unknown_kind(notes, tmp_path):
     assert_one_line_error(invoke("index", "build", notes, "--out", tmp_path / "idx", "--kind", "nope"),
                           "'nope'", "flat, ivfpq, bm25, hybrid")

@@ -594,6 +594,15 @@ def test_existing_output_refused_without_overwrite(corpus, built, tmp_path):
         build_index(corpus, tmp_path / "file", kind="bm25")
 
 
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="no /proc pseudo-filesystem here")
+def test_an_output_folder_the_system_will_not_make_is_input_error(corpus):
+    """mkdir in /proc fails with ENOENT (an errno no read-only or full disk gives): still bad input
+    naming the output as given, with nothing made anywhere."""
+    with pytest.raises(InputError, match=r"cannot be written \(") as e:
+        build_index(corpus, Path("/proc/x"), kind="bm25")
+    assert e.value.path == "/proc/x" and not Path("/proc/x").exists()
+
+
 @pytest.mark.parametrize("theirs", [{"a.md": "notes"}, {"manifest.json": "{}", "store.sqlite": "mine"}],
                          ids=["notes", "index-names"])
 def test_a_folder_of_someone_elses_files_is_refused(corpus, tmp_path, theirs):

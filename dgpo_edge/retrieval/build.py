@@ -249,17 +249,18 @@ def claim_work_folder(out: Path) -> Path:
     link to another folder) is refused, with or without --overwrite.
     """
     work = out / WORK_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        work.mkdir()
-    except FileExistsError:
-        # ours: marked, or holding nothing but a lock file (nothing of anyone's to lose)
-        if work.is_symlink() or not work.is_dir() or not (
-                (work / WORK_MARKER).is_file() or {p.name for p in work.iterdir()} <= {LOCK_FILE}):
-            raise InputError(f"dgpo-edge did not make this folder (no {WORK_MARKER} marker) and a build "
-                             "would empty it; move it out of the way", work) from None
-    (work / WORK_MARKER).write_text("made by `dgpo-edge index build`: its resumable work, removed when the "
-                                    "build ends\n", encoding="utf-8")
+    with jsonio.making_folder(out):   # /proc/x, a read-only disk: an error naming --out
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            work.mkdir()
+        except FileExistsError:
+            # ours: marked, or holding nothing but a lock file (nothing of anyone's to lose)
+            if work.is_symlink() or not work.is_dir() or not (
+                    (work / WORK_MARKER).is_file() or {p.name for p in work.iterdir()} <= {LOCK_FILE}):
+                raise InputError(f"dgpo-edge did not make this folder (no {WORK_MARKER} marker) and a build "
+                                 "would empty it; move it out of the way", work) from None
+        (work / WORK_MARKER).write_text("made by `dgpo-edge index build`: its resumable work, removed when "
+                                        "the build ends\n", encoding="utf-8")
     return work
 
 

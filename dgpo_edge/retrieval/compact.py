@@ -288,8 +288,9 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
     check_index_folder(out_dir)
 
     created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))
+    with jsonio.making_folder(out_dir):   # /proc/x, a read-only disk: an error naming --out
+        out_dir.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))
     try:
         with _threads(faiss, threads if threads is not None else (1 if n < SMALL_JOB else None)):
             report = _build(faiss, flat, flat_path, corpus_path, partial, plan, n, d, nprobe, chunk,
