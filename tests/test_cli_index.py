@@ -135,7 +135,7 @@ def compacted(compact_run) -> Path:
     (["index", "build", "--help"], ["CORPUS", "--out", "--encoder", "--kind", "--nlist", "--pq", "--opq",
                                     "--nprobe", "--threads", "--chunk", "--overwrite"]),
     (["index", "compact", "--help"], ["--flat", "--corpus", "--out", "--pq", "--opq", "--nlist",
-                                      "--eval-queries"]),
+                                      "--eval-queries", "--overwrite"]),
     (["index", "search", "--help"], ["INDEX", "QUERY", "-k", "--json", "--kind", "--encoder", "--nprobe"]),
     (["index", "info", "--help"], ["INDEX", "--verify"]),
     (["index", "serve", "--help"], ["INDEX", "--host", "--port", "--kind", "--top-k"]),
@@ -396,6 +396,25 @@ def test_compacted_bm25_search(compacted):
     assert result.exit_code == 0, result.output
     found = hits(result)
     assert len(found) == 2 and found[0] == ("Evan Morris", "0")
+
+
+@pytest.mark.shared
+def test_compact_replaces_an_index_only_with_overwrite(shared_dir, compacted, notes, tmp_path):
+    """`index compact` replaced an existing --out index without being asked, unlike `index build`;
+    --overwrite replaces an index, never a folder of anything else."""
+    out = tmp_path / "again"
+    shutil.copytree(compacted, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    args = ("index", "compact", "--flat", shared_dir / WIKI_FLAT, "--corpus", shared_dir / WIKI, "--pq", 24,
+            "--eval-queries", 0)
+    assert_one_line_error(invoke(*args, "--out", out), str(out), "an index already exists here",
+                          "pass --overwrite to replace it")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert_one_line_error(invoke(*args, "--out", notes, "--overwrite"), str(notes), "not an index's")
+    result = invoke(*args, "--out", out, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert manifest(out)["params"]["factory"] == "IVF16,PQ48x4"   # the new one: --pq 24 at 4 bits
+    assert manifest(out)["encoder"] == manifest(compacted)["encoder"]   # Search-R1's e5, dim 768
 
 
 @pytest.mark.shared

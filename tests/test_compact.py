@@ -246,8 +246,13 @@ def test_synthetic_opq_bundle(synthetic, tmp_path):
     assert [s["nprobe"] for s in report["recall"]["sweep"]] == [1, 4, 16, 64]
     index = faiss.read_index(str(out / "vectors.faiss"))
     assert index.ntotal == 3000 and index.d == 64
-    # a second run into the same folder replaces the bundle and leaves no partial folder
-    compact(flat, jsonl, out, pq=8, opq=False, nprobe=8, eval_queries=0)
+    # a second run into the same folder is refused, leaving the index as it was ...
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(InputError, match="an index already exists here .*pass --overwrite") as e:
+        compact(flat, jsonl, out, pq=8, opq=False, nprobe=8, eval_queries=0, encoder=spec)
+    assert e.value.path == str(out) and {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # ... and with overwrite replaces it, leaving no partial folder
+    compact(flat, jsonl, out, pq=8, opq=False, nprobe=8, eval_queries=0, encoder=spec, overwrite=True)
     m2 = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert (m2["params"]["factory"], m2["params"]["nprobe"]) == ("IVF64,PQ8x6", 8)
     assert m2["report"]["recall"] is None
@@ -262,12 +267,16 @@ def test_a_folder_of_someone_elses_files_is_refused(synthetic, tmp_path):
     out.mkdir()
     (out / "a.md").write_text("mine")
     (out / "store.sqlite").write_text("also mine")
-    with pytest.raises(InputError, match="not an index's") as e:
-        compact(flat, jsonl, out, pq=16)
-    assert e.value.path == str(out)
+    for overwrite in (False, True):   # --overwrite replaces an index, never a folder of anything else
+        with pytest.raises(InputError, match="not an index's") as e:
+            compact(flat, jsonl, out, pq=16, overwrite=overwrite)
+        assert e.value.path == str(out)
     (out / "a.md").unlink()   # index names alone, with no index manifest dgpo-edge wrote
-    with pytest.raises(InputError, match="no index dgpo-edge wrote"):
-        compact(flat, jsonl, out, pq=16)
+    (out / "manifest.json").write_text('{"produced_by": "someone else"}')
+    for overwrite in (False, True):
+        with pytest.raises(InputError, match="no index dgpo-edge wrote"):
+            compact(flat, jsonl, out, pq=16, overwrite=overwrite)
+    (out / "manifest.json").unlink()
     assert [(p.name, p.read_text()) for p in out.iterdir()] == [("store.sqlite", "also mine")]
     (out / "store.sqlite").unlink()
     (out / ".DS_Store").write_text("")   # hidden files are left alone, and built beside

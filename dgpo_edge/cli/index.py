@@ -56,6 +56,9 @@ def _stage_tasks(bar: Progress) -> Callable[[str, int, "int | None"], None]:
     return progress
 
 
+_OVERWRITE_HELP = "Replace an existing index in --out (never a folder that holds anything else)."
+
+
 @app.command("build")
 @user_errors
 def build(
@@ -70,7 +73,7 @@ def build(
     nprobe: Optional[int] = typer.Option(None, min=1, help="IVF lists searched per query (saved as the default)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Encoder and FAISS threads (default: library defaults)."),
     chunk: int = typer.Option(1024, help="Passages per embedding chunk (the unit a rerun resumes from)."),
-    overwrite: bool = typer.Option(False, help="Replace an existing index in --out."),
+    overwrite: bool = typer.Option(False, help=_OVERWRITE_HELP),
 ) -> None:
     """Build an index. Interrupted runs resume: rerun the same command."""
     from ..retrieval.build import build_index
@@ -147,6 +150,7 @@ def compact(
     nprobe: Optional[int] = typer.Option(None, help="Default lists searched (default: chosen from a recall sweep)."),
     eval_queries: int = typer.Option(500, help="Held-out query vectors for the recall report."),
     threads: Optional[int] = typer.Option(None, min=1, help="FAISS threads."),
+    overwrite: bool = typer.Option(False, help=_OVERWRITE_HELP),
 ) -> None:
     """Turn a Search-R1 Flat index into IVF-PQ plus a compressed passage store; report recall@k."""
     from ..retrieval.compact import compact as run_compact
@@ -157,7 +161,7 @@ def compact(
     with _progress_bar() as bar:
         task = bar.add_task("compacting", total=total, unit="rows")
         report = run_compact(flat, corpus, out, pq=pq, opq=opq, nlist=nlist, nprobe=nprobe,
-                             eval_queries=eval_queries, threads=threads,
+                             eval_queries=eval_queries, threads=threads, overwrite=overwrite,
                              progress=lambda n: bar.advance(task, n),
                              log=lambda msg: bar.console.print(escape(msg), highlight=False))
     console.print_json(json.dumps(report))

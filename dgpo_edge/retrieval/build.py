@@ -76,7 +76,7 @@ from .. import __version__, digests, jsonio
 from ..errors import InputError
 from ..locks import LOCK_FILE, folder_lock
 from .base import Encoder, EncoderSpec
-from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, check_index_folder, file_digest, write_manifest
+from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, check_index_out, file_digest, write_manifest
 from .corpus import DEFAULT_WORDS, _text_files, detect_format, iter_corpus, size_hint
 from .documents import DocReport
 from .store import PassageStore, write_documents
@@ -122,11 +122,9 @@ def build_index(corpus: str | Path, out: str | Path, encoder_spec: str | Encoder
     if kind == "bm25" and (nlist is not None or pq is not None or opq or nprobe is not None):
         raise InputError("--nlist, --pq, --opq and --nprobe apply to dense indexes, not --kind bm25")
     fmt = detect_format(corpus)  # a missing or unknown corpus fails before anything is created
-    check_index_folder(out, own=(WORK_DIR,))   # a file, or a folder of anything but an index, is refused
-    if (out / MANIFEST_FILE).exists() and not overwrite:
-        hint = "; or `dgpo-edge index update` to bring it up to date" if fmt == "text" else ""
-        raise InputError(f"an index already exists here (manifest.json); pass --overwrite to replace it{hint}",
-                         out)
+    # a file, or a folder of anything but an index, is refused; an index without --overwrite too
+    check_index_out(out, overwrite, own=(WORK_DIR,),
+                    hint="; or `dgpo-edge index update` to bring it up to date" if fmt == "text" else "")
 
     encoder = None
     if kind != "bm25":

@@ -53,6 +53,10 @@ runs nprobe in 1, 4, 16, 64, 256 (capped at nlist); unless `nprobe` is given
 the default nprobe is the smallest swept value whose recall@max(k) is within
 0.01 of the best swept value (without a recall report, `dense`'s default).
 
+An index already in DIR is refused unless `overwrite=True` (`--overwrite`), and
+a DIR holding anything but an index dgpo-edge wrote is refused even then, as
+`index build` does (`check_index_out`).
+
 Atomicity: everything is built in `DIR/.partial-*` and renamed into DIR at the
 end, manifest last (an old manifest is removed first, so a manifest is only
 ever beside the files it describes). Any exception, Ctrl-C included, removes
@@ -238,7 +242,7 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
             train_size: int | None = None, chunk: int = 100_000, eval_queries: int = 500,
             k_values: Sequence[int] = (1, 3, 10), encoder: EncoderSpec | None = None, seed: int = 0,
             progress: Callable[[int], None] | None = None, *, query_noise: float = QUERY_NOISE,
-            fts: bool = True, threads: int | None = None,
+            fts: bool = True, threads: int | None = None, overwrite: bool = False,
             log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Compact a Search-R1 Flat index and its jsonl corpus into `out_dir`; return the report.
 
@@ -247,6 +251,8 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
     is called with the vectors just added and, separately, the passages just
     stored (a tqdm `update`; the total is 2 x the passage count). `log(msg)`
     gets one line per stage. `fts=False` builds the store without BM25.
+    An index already in `out_dir` is replaced only with `overwrite=True`, and a
+    folder holding anything else never (`check_index_out`, as `index build`).
     `threads` sets faiss's OpenMP threads for the call (restored after);
     None means all cores, except one thread below 20,000 vectors.
 
@@ -284,8 +290,8 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
     if spec.dim != d:
         raise InputError(f"encoder {spec.name!r} has dim {spec.dim} but the index vectors have dim {d}",
                          flat_path)
+    check_index_out(out_dir, overwrite)
     _check_corpus_count(corpus_path, n, flat_path)
-    check_index_folder(out_dir)
 
     created = not out_dir.exists()
     with jsonio.making_folder(out_dir):   # /proc/x, a read-only disk: an error naming --out
@@ -475,6 +481,16 @@ def check_index_folder(out: Path, own: Iterable[str] = ()) -> None:
                          "refusing to replace them", out)
 
 
+def check_index_out(out: Path, overwrite: bool, own: Iterable[str] = (), hint: str = "") -> None:
+    """Refuse the output folder of `index build` or `index compact` unless it is new, empty, or holds
+    an index dgpo-edge wrote and `overwrite` is given (`check_index_folder` refuses anything else,
+    with or without it). `hint`: another way out, after the one through --overwrite."""
+    check_index_folder(out, own)
+    if (out / MANIFEST_FILE).exists() and not overwrite:
+        raise InputError(f"an index already exists here (manifest.json); pass --overwrite to replace it{hint}",
+                         out)
+
+
 def _check_corpus_count(corpus: Path, n: int, flat_path: Path) -> None:
     """Row i of the index must be line i of the corpus: compare the counts up front.
 
@@ -527,5 +543,5 @@ def _faiss_message(e: BaseException) -> str:
     return text.split(": ", 2)[-1] if text.startswith("Error in") else text
 
 
-__all__ = ["FlatHeader", "compact", "default_encoder", "file_digest", "open_flat",
+__all__ = ["FlatHeader", "check_index_out", "compact", "default_encoder", "file_digest", "open_flat",
            "plan_ivfpq", "read_flat_header", "valid_pq", "write_manifest"]
