@@ -128,6 +128,22 @@ def compacted(compact_run) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def minilm_flat(tmp_path_factory) -> tuple[Path, Path]:
+    """A Flat index (`index build --kind flat`, MiniLM, dim 384) of 200 short passages, and its jsonl:
+    enough rows for IVF-PQ, a Flat file that `index compact` takes as it takes Search-R1's."""
+    d = tmp_path_factory.mktemp("cli-minilm-flat")
+    corpus = d / "notes.jsonl"
+    rows = [{"id": f"n{i}", "contents": f'"Note {i}"\nRoom {i} stores box {i % 13} of the {i % 7}th shelf.'}
+            for i in range(200)]
+    rows[57]["contents"] = '"Lighthouse"\nThe lighthouse keeper on Skye paints watercolours of puffins.'
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = d / "flat"
+    result = invoke("index", "build", corpus, "--out", out, "--kind", "flat", "--threads", 1)
+    assert result.exit_code == 0, result.output
+    return out, corpus
+
+
 # --------------------------------------------------------------------------- help
 
 @pytest.mark.parametrize("args, expected", [
@@ -135,7 +151,7 @@ def compacted(compact_run) -> Path:
     (["index", "build", "--help"], ["CORPUS", "--out", "--encoder", "--kind", "--nlist", "--pq", "--opq",
                                     "--nprobe", "--threads", "--chunk", "--overwrite"]),
     (["index", "compact", "--help"], ["--flat", "--corpus", "--out", "--pq", "--opq", "--nlist",
-                                      "--eval-queries", "--overwrite"]),
+                                      "--eval-queries", "--encoder", "--overwrite"]),
     (["index", "search", "--help"], ["INDEX", "QUERY", "-k", "--json", "--kind", "--encoder", "--nprobe"]),
     (["index", "info", "--help"], ["INDEX", "--verify"]),
     (["index", "serve", "--help"], ["INDEX", "--host", "--port", "--kind", "--top-k"]),
@@ -396,6 +412,31 @@ def test_compacted_bm25_search(compacted):
     assert result.exit_code == 0, result.output
     found = hits(result)
     assert len(found) == 2 and found[0] == ("Evan Morris", "0")
+
+
+def test_compact_records_the_encoder_that_made_the_flat_vectors(minilm_flat, tmp_path):
+    """A MiniLM Flat index (dim 384) was compacted into a manifest saying e5-base-v2 with dim 384, so
+    searches encoded queries with the wrong model: the default e5 (dim 768) is refused for it, and
+    `--encoder minilm-int8` records MiniLM, whose searches find what the Flat index finds."""
+    built, corpus = minilm_flat
+    flat = built / "vectors.faiss"
+    args = ("index", "compact", "--flat", flat, "--corpus", corpus, "--pq", 16, "--eval-queries", 20,
+            "--threads", 1)
+    out = tmp_path / "compacted"
+    assert_one_line_error(invoke(*args, "--out", out), str(flat), "encoder 'e5-base-v2' has dim 768",
+                          "index vectors have dim 384", "pass --encoder", "minilm-int8")
+    assert not out.exists()
+    assert_one_line_error(invoke(*args, "--out", out, "--encoder", "bogus"), "unknown encoder 'bogus'")
+    result = invoke(*args, "--out", out, "--encoder", "minilm-int8")
+    assert result.exit_code == 0, result.output
+    assert manifest(out)["encoder"] == manifest(built)["encoder"]   # the spec `index build` recorded
+    query = "who paints puffins at the lighthouse"
+    found = [hits(invoke("index", "search", idx, query, "-k", 1, "--kind", "dense", "--threads", 1))
+             for idx in (built, out)]
+    assert found == [[("Lighthouse", "n57")]] * 2
+    if Path("/proc").is_dir():   # an --out no folder can be made in: one error line, as for index build
+        assert_one_line_error(invoke(*args, "--out", "/proc/x", "--encoder", "minilm-int8"),
+                              "/proc/x: cannot be written (")
 
 
 @pytest.mark.shared

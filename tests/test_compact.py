@@ -33,6 +33,7 @@ from dgpo_edge.retrieval.compact import (  # noqa: E402
 from dgpo_edge.retrieval.store import PassageStore  # noqa: E402
 
 WIKI_N = 21_015_324
+TOY = EncoderSpec("toy", "test", 64, True)   # the synthetic vectors' encoder: e5's 768 dims are not theirs
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def synthetic(tmp_path: Path) -> tuple[Path, Path]:
 def test_synthetic_opq_bundle(synthetic, tmp_path):
     flat, jsonl = synthetic
     out = tmp_path / "out"
-    spec = EncoderSpec("toy", "test", 64, True)
+    spec = TOY
     report = compact(flat, jsonl, out, pq=16, opq=True, encoder=spec, eval_queries=200, k_values=(1, 10))
     m = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert m["params"]["factory"] == "OPQ16_64,IVF64,PQ16x6" and m["params"]["opq"] is True
@@ -269,19 +270,43 @@ def test_a_folder_of_someone_elses_files_is_refused(synthetic, tmp_path):
     (out / "store.sqlite").write_text("also mine")
     for overwrite in (False, True):   # --overwrite replaces an index, never a folder of anything else
         with pytest.raises(InputError, match="not an index's") as e:
-            compact(flat, jsonl, out, pq=16, overwrite=overwrite)
+            compact(flat, jsonl, out, pq=16, encoder=TOY, overwrite=overwrite)
         assert e.value.path == str(out)
     (out / "a.md").unlink()   # index names alone, with no index manifest dgpo-edge wrote
     (out / "manifest.json").write_text('{"produced_by": "someone else"}')
     for overwrite in (False, True):
         with pytest.raises(InputError, match="no index dgpo-edge wrote"):
-            compact(flat, jsonl, out, pq=16, overwrite=overwrite)
+            compact(flat, jsonl, out, pq=16, encoder=TOY, overwrite=overwrite)
     (out / "manifest.json").unlink()
     assert [(p.name, p.read_text()) for p in out.iterdir()] == [("store.sqlite", "also mine")]
     (out / "store.sqlite").unlink()
     (out / ".DS_Store").write_text("")   # hidden files are left alone, and built beside
-    compact(flat, jsonl, out, pq=16, eval_queries=0)
+    compact(flat, jsonl, out, pq=16, encoder=TOY, eval_queries=0)
     assert sorted(p.name for p in out.iterdir()) == [".DS_Store", "manifest.json", "store.sqlite", "vectors.faiss"]
+
+
+def test_the_encoder_recorded_is_the_one_that_made_the_vectors(synthetic, tmp_path):
+    """A 384-d Flat index (MiniLM's) was recorded as e5-base-v2 "with dim 384", so searches encoded
+    queries with e5: the default e5 (768) is refused for it, naming both dims and --encoder, and a
+    MiniLM name records MiniLM, with no model loaded."""
+    flat = write_flat(tmp_path / "minilm.index", clustered(300, 384))
+    jsonl = write_corpus(tmp_path / "corpus300.jsonl", 300)
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"encoder 'e5-base-v2' has dim 768 but the index vectors have dim 384; "
+                                         r"pass --encoder .*\(minilm-int8 for all-MiniLM-L6-v2, dim 384\)") as e:
+        compact(flat, jsonl, out, pq=16, eval_queries=0)
+    assert e.value.path == str(flat)
+    assert_nothing_left(out, existed=False)
+    for name, variant in (("minilm-int8", "onnx-int8"), ("minilm", "torch-fp32")):
+        compact(flat, jsonl, out, pq=16, eval_queries=0, encoder=name, overwrite=True)
+        m = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        assert m["encoder"] == EncoderSpec("all-MiniLM-L6-v2", variant, 384, True).to_dict() and m["dim"] == 384
+    with pytest.raises(InputError, match=r"encoder 'all-MiniLM-L6-v2' has dim 384 but the index vectors have "
+                                         r"dim 64; pass --encoder"):
+        compact(synthetic[0], synthetic[1], tmp_path / "other", pq=16, encoder="minilm-int8")
+    with pytest.raises(InputError, match="unknown encoder 'e5'"):
+        compact(flat, jsonl, tmp_path / "other", pq=16, encoder="e5")
+    assert not (tmp_path / "other").exists()
 
 
 def test_count_mismatch(synthetic, tmp_path):
@@ -289,7 +314,7 @@ def test_count_mismatch(synthetic, tmp_path):
     short = write_corpus(tmp_path / "short.jsonl", 2999)
     out = tmp_path / "out"
     with pytest.raises(InputError, match="2,999 passages .* holds 3,000 vectors") as e:
-        compact(flat, short, out, pq=16)
+        compact(flat, short, out, pq=16, encoder=TOY)
     assert "short.jsonl" in str(e.value) and "flat.index" in str(e.value)
     assert_nothing_left(out, existed=False)
 
@@ -348,7 +373,7 @@ def test_failures_mid_build_leave_nothing(synthetic, tmp_path):
     dup = write_corpus(tmp_path / "dup.jsonl", 3000, dup_at=2000)  # right count, bad line 2001
     out = tmp_path / "out"
     with pytest.raises(InputError, match=r"dup\.jsonl, line 2001: duplicate id '0'"):
-        compact(flat, dup, out, pq=16)
+        compact(flat, dup, out, pq=16, encoder=TOY)
     assert_nothing_left(out, existed=False)
 
     good = write_corpus(tmp_path / "good.jsonl", 3000)
@@ -362,6 +387,6 @@ def test_failures_mid_build_leave_nothing(synthetic, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        compact(flat, good, out, pq=16, chunk=500, progress=interrupt)
+        compact(flat, good, out, pq=16, chunk=500, encoder=TOY, progress=interrupt)
     assert sum(seen) == 3500  # interrupted after the first chunk of vectors
     assert_nothing_left(out, existed=True)

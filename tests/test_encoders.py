@@ -21,6 +21,7 @@ from dgpo_edge.retrieval.encoders import (
     MiniLMOnnx,
     MiniLMTorch,
     encoder_for_index,
+    encoder_spec,
     load_encoder,
     minilm_dir,
     minilm_onnx_available,
@@ -337,6 +338,18 @@ def test_load_encoder_names(torch_enc: MiniLMTorch) -> None:
         load_encoder("./models/not-here")
     with pytest.raises(InputError, match="got a file"):
         load_encoder(minilm_dir() / "config.json")
+
+
+def test_encoder_spec_is_the_spec_load_encoder_gives(torch_enc: MiniLMTorch, onnx_enc: MiniLMOnnx,
+                                                     tiny_e5: Path) -> None:
+    """`index compact --encoder NAME` records `encoder_spec(NAME)`, loading no MiniLM model: it must be
+    the spec an index built with `--encoder NAME` records."""
+    assert encoder_spec("minilm-int8") == onnx_enc.spec
+    assert encoder_spec("minilm") == torch_enc.spec
+    assert encoder_spec("all-MiniLM-L6-v2") == load_encoder("all-MiniLM-L6-v2").spec
+    assert encoder_spec(tiny_e5) == HFMeanPoolEncoder(tiny_e5).spec
+    with pytest.raises(InputError, match="unknown encoder 'bogus'"):
+        encoder_spec("bogus")
 
 
 @needs_torch

@@ -139,9 +139,14 @@ def _print_update(r: dict) -> None:
 @app.command("compact")
 @user_errors
 def compact(
-    flat: Path = typer.Option(..., "--flat", help="A Search-R1 Flat index (e5_Flat.index); row i = corpus line i."),
+    flat: Path = typer.Option(..., "--flat", help="A Search-R1 Flat index (e5_Flat.index), or any FAISS "
+                              "IndexFlatIP with its --encoder; row i = corpus line i."),
     corpus: Path = typer.Option(..., "--corpus", help="The matching Search-R1 jsonl corpus (wiki-18.jsonl)."),
     out: Path = typer.Option(..., "--out", help="Directory for vectors.faiss, store.sqlite, manifest.json."),
+    encoder: str = typer.Option("e5-base-v2", help="The encoder that made the Flat vectors, recorded for "
+                                "searches: e5-base-v2 (Search-R1's e5_Flat.index, dim 768; no model needed), "
+                                "minilm-int8, minilm or all-MiniLM-L6-v2 (dim 384), or a local model directory "
+                                "(loaded for its dim). Its dim must be the index's."),
     pq: int = typer.Option(64, "--pq", help="PQ code bytes per vector: an M that divides the dimension (with "
                                              "OPQ, also any M with 4*M <= dim). Below 8-bit codes (small "
                                              "corpora) M is re-planned for the bits; the log names the index."),
@@ -160,7 +165,7 @@ def compact(
     total = 2 * count_lines(corpus) if corpus.is_file() else None
     with _progress_bar() as bar:
         task = bar.add_task("compacting", total=total, unit="rows")
-        report = run_compact(flat, corpus, out, pq=pq, opq=opq, nlist=nlist, nprobe=nprobe,
+        report = run_compact(flat, corpus, out, encoder=encoder, pq=pq, opq=opq, nlist=nlist, nprobe=nprobe,
                              eval_queries=eval_queries, threads=threads, overwrite=overwrite,
                              progress=lambda n: bar.advance(task, n),
                              log=lambda msg: bar.console.print(escape(msg), highlight=False))

