@@ -46,6 +46,11 @@ def insert(db: sqlite3.Connection, name: str, rows: Iterable[tuple[int, Passage]
                    ((row, p.text, p.title) for row, p in rows))
 
 
+def query_words(text: str) -> list[str]:
+    """The words of `text` a search matches on ("gustavo's" is "gustavo" and "s"), in order."""
+    return _QUERY_WORD.findall(text)
+
+
 def match_expression(query: str) -> str | None:
     """The query's words, quoted and OR-ed (None when it has none).
 
@@ -53,7 +58,7 @@ def match_expression(query: str) -> str | None:
     A repeated word stays repeated: bm25() then counts it twice, a query-term
     frequency, as training always scored ("Gaza, Gaza Strip").
     """
-    words = _QUERY_WORD.findall(query)
+    words = query_words(query)
     return " OR ".join(f'"{w}"' for w in words) if words else None
 
 

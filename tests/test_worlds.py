@@ -22,20 +22,24 @@ import pytest
 
 from dgpo_edge import jsonio, protocol
 from dgpo_edge.errors import InputError
-from dgpo_edge.fts import BM25Index
+from dgpo_edge.fts import BM25Index, query_words
 from dgpo_edge.metrics import normalize_answer
 from dgpo_edge.protocol import Passage
 from dgpo_edge.transcript import Transcript
 from dgpo_edge.worlds import registry
-from dgpo_edge.worlds.base import MAX_WORDS
+from dgpo_edge.worlds.base import MAX_WORDS, Question, Step
+from dgpo_edge.worlds.notebook import ASKED_MISSED, asked_queries
+from dgpo_edge.worlds.oracle import oracle_trajectory
 from dgpo_edge.worlds.pipeline import FILES, SPLITS
 from dgpo_edge.worlds.source import package_file
 
 from cli_helpers import assert_one_line_error, invoke
 
 SIZES = {"elements": 40, "cities": 160, "dictionary": 300, "notes": 40, "club": 40, "records": 90, "catalog": 90}
+NOTEBOOKS = ("notes", "club")   # the worlds with --oracle-search
+BUILDS = [*sorted(SIZES), *(f"{name}-asked" for name in NOTEBOOKS)]   # NAME-asked: --oracle-search asked
 _TWIN = ("import sys\nfrom dgpo_edge.worlds.registry import build\n"
-         "build(sys.argv[1], sys.argv[2], seed=0, size=int(sys.argv[3]))\n")
+         "build(sys.argv[1], sys.argv[2], seed=0, size=int(sys.argv[3]), oracle_search=sys.argv[4] or None)\n")
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -47,8 +51,9 @@ def _sha256(path: Path) -> str:
 
 
 class Built:
-    def __init__(self, name: str, out: Path, stats: dict, twin_out: Path, twin: subprocess.Popen):
+    def __init__(self, name: str, search: str | None, out: Path, stats: dict, twin_out: Path, twin: subprocess.Popen):
         self.name, self.out, self.stats, self.twin_out, self.twin = name, out, stats, twin_out, twin
+        self.search = search   # --oracle-search, None when not given
         self.corpus = {r["id"]: r["contents"] for r in _jsonl(out / "corpus.jsonl")}
         self.splits = {s: _jsonl(out / f"{s}.jsonl") for s in SPLITS}
         self.oracle = _jsonl(out / "oracle.jsonl")
@@ -59,17 +64,17 @@ class Built:
         return [q for s in SPLITS for q in self.splits[s]]
 
 
-@pytest.fixture(scope="module", params=sorted(SIZES))
+@pytest.fixture(scope="module", params=BUILDS)
 def built(request, tmp_path_factory) -> Built:
-    name = request.param
-    out, twin_out = tmp_path_factory.mktemp(name), tmp_path_factory.mktemp(f"{name}_twin")
+    name, _, search = request.param.partition("-")
+    out, twin_out = tmp_path_factory.mktemp(request.param), tmp_path_factory.mktemp(f"{request.param}_twin")
     hash_seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
-    twin = subprocess.Popen([sys.executable, "-c", _TWIN, name, str(twin_out), str(SIZES[name])],
+    twin = subprocess.Popen([sys.executable, "-c", _TWIN, name, str(twin_out), str(SIZES[name]), search],
                             env={**os.environ, "PYTHONHASHSEED": hash_seed},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stats = registry.build(name, out, seed=0, size=SIZES[name])
-        yield Built(name, out, stats, twin_out, twin)
+        stats = registry.build(name, out, seed=0, size=SIZES[name], oracle_search=search or None)
+        yield Built(name, search or None, out, stats, twin_out, twin)
     finally:
         if twin.poll() is None:
             twin.kill()
@@ -163,6 +168,8 @@ def test_stats_and_manifest_match_the_files(built):
     assert built.stats["oracle_trajectories"] == len(built.oracle)
     manifest = json.loads((built.out / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["source"] == registry.get(built.name).source and manifest["seed"] == 0
+    # recorded where given (asked), absent for a default build: its files stay what they were
+    assert manifest.get("oracle_search") == built.stats.get("oracle_search") == built.search
     for name, entry in manifest["files"].items():
         assert entry == {"bytes": (built.out / name).stat().st_size, "sha256": _sha256(built.out / name)}
 
@@ -180,6 +187,77 @@ def test_oracle_searches_retrieve_the_evidence(built):
         assert len(searches) == q["hops"]
         for hop, info in enumerate(searches):
             assert q["evidence"][hop] in {p.id for p in index.search(info.query, k=3)}, (row["id"], hop)
+
+
+def _unasked(text: str, question: str) -> set[str]:
+    """The words of `text` (as BM25 reads them) that `question` does not hold, case-insensitively."""
+    return {w.lower() for w in query_words(text)} - {w.lower() for w in query_words(question)}
+
+
+def test_an_asked_oracle_searches_first_with_the_questions_own_words(built):
+    """`--oracle-search asked`: the first search and its think hold only words of the question (the
+    default searches the note's title, "Sholto Rudd" for "Sholto side"); every question whose
+    candidates find the note keeps its trajectory, and stats.json counts those that do not."""
+    if built.name not in NOTEBOOKS:
+        pytest.skip("--oracle-search is for the notes and club worlds")
+    train = {q["id"]: q for q in built.splits["train"]}
+    unasked = []
+    for row in built.oracle:
+        question = train[row["id"]]["question"]
+        think, search = row["segments"][0]["text"].split("</think>")
+        unasked.append(_unasked(search.replace("<search>", "").replace("</search>", ""), question))
+        if built.search == "asked":
+            assert not unasked[-1] and not _unasked(think, question) - {"think", "i", "need", "the", "note", "on"}, row
+    if built.search is None:   # what the option is for: the title's surname, not in the question
+        assert sum(map(bool, unasked)) > 0.2 * len(unasked)
+        return
+    missed = built.stats["dropped"]
+    assert missed[ASKED_MISSED] == len(train) - len(built.oracle) - missed.get("oracle_query_missed_evidence", 0)
+    assert len(built.oracle) >= 0.95 * len(train)
+
+
+def test_asked_queries_use_the_question_as_typed():
+    assert asked_queries("When was the Bison kickoff?", "Bison", "Bison kickoff") == (
+        "Bison kickoff", "Bison", "When was the Bison kickoff")
+    assert asked_queries("what's gustavo's phone extension", "Gustavo", "Gustavo Duarte") == (
+        "gustavo", "gustavo phone extension", "what's gustavo's phone extension")
+    assert asked_queries("Emil's trip to Pune flight number", "Emil's trip to Pune", "Emil's trip to Pune")[:2] == (
+        "Emil's trip to Pune", "Emil's trip to Pune flight number")
+
+
+def test_a_question_no_asked_query_finds_the_note_of_gets_no_oracle():
+    """Four notes on a Sam: "Sam side" cannot tell which, so the fourth is not in the top 3 of any
+    candidate, and the drop is counted under its own reason."""
+    passages = [Passage(str(i), f'"Sam {last}"\nRows bow side.') for i, last in enumerate(("Ash", "Birch", "Cole", "Dunn"))]
+    step = Step("I need the note on Sam.", asked_queries("Sam side", "Sam", "Sam Dunn"), "3", ASKED_MISSED)
+    q = Question("Sam side", ["bow side"], 1, "fact", "side", ("member:sam",), ["3"], [step], "Sam rows bow side.")
+    dropped = Counter()
+    assert oracle_trajectory(q, BM25Index(passages), dropped=dropped) is None
+    assert dropped == {ASKED_MISSED: 1}
+    found = Step(step.think, step.queries, "0", ASKED_MISSED)   # the first Sam is found
+    assert oracle_trajectory(Question(**{**vars(q), "evidence": ["0"], "steps": [found]}), BM25Index(passages),
+                             dropped=dropped)["response"].startswith("<think> I need the note on Sam. </think>")
+
+
+def test_default_oracle_is_what_it_was_before_oracle_search(tmp_path):
+    """Without --oracle-search, notes and club write every file byte for byte as before the option
+    (seed 3, 30 people or members): worlds built before it, and the mixtures of them, stay valid."""
+    pinned = {"notes": {"corpus.jsonl": "0debcceb1333ef9f", "train.jsonl": "3c770517ace6dd31",
+                        "dev.jsonl": "d4c4c35621918512", "test.jsonl": "e861351af2f73abf",
+                        "oracle.jsonl": "ad4e917f6d84f9e9", "stats.json": "39110dae9d68c82d",
+                        "manifest.json": "1a237117f0f987bf"},
+              "club": {"corpus.jsonl": "d5ec334783dd61fd", "train.jsonl": "acf6b760acd6b07c",
+                       "dev.jsonl": "e94f0d82f365c4fe", "test.jsonl": "c6883e773c8093d8",
+                       "oracle.jsonl": "5dd8923b34783a78", "stats.json": "7a91f3d23011a82f",
+                       "manifest.json": "8ef156db34f59439"}}
+    for name, digests in pinned.items():
+        registry.build(name, tmp_path / name, seed=3, size=30)
+        assert {f: _sha256(tmp_path / name / f)[:16] for f in digests} == digests, name
+        asked = registry.build(name, tmp_path / f"{name}-asked", seed=3, size=30, oracle_search="asked")
+        # the same questions; only the oracle differs
+        for f in ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl"):
+            assert _sha256(tmp_path / f"{name}-asked" / f)[:16] == digests[f], (name, f)
+        assert asked["oracle_search"] == "asked"
 
 
 # ------------------------------------------------------------------- notes
@@ -427,7 +505,7 @@ def test_data_worlds_lists_every_world():
 def test_data_build_help():
     result = invoke("data", "build", "--help")
     assert result.exit_code == 0
-    for word in ("WORLD", "--out", "--seed", "--size", "--as-folder", "--holdout"):
+    for word in ("WORLD", "--out", "--seed", "--size", "--as-folder", "--holdout", "--oracle-search"):
         assert word.lower() in result.plain.lower()
 
 
@@ -441,6 +519,9 @@ def test_data_build_help():
     (["records", "--size", "9000"], ["records", "18 to 5,000", "--size"]),
     (["catalog", "--size", "17"], ["catalog counts cards", "18 to 5,000", "--size"]),
     (["club", "--size", "7"], ["club counts members", "8 to 122", "--size"]),
+    (["elements", "--oracle-search", "asked"], ["--oracle-search is for the notes and club worlds, not elements"]),
+    (["records", "--oracle-search", "title"], ["--oracle-search", "not records"]),
+    (["notes", "--oracle-search", "names"], ["--oracle-search must be title or asked", "'names'"]),
     # a silent 118 elements for --size 500; a world with empty dev and test splits, nothing to score on
     (["elements", "--size", "500"], ["elements counts elements", "at most 118", "got 500"]),
     (["elements", "--size", "1"], ["no dev or test questions", "0 of 1 entities", "larger --size or --holdout"]),

@@ -101,6 +101,12 @@ def build(
                                         "that have a size; see `data worlds`)."),
     as_folder: bool = typer.Option(False, "--as-folder", help="notes, club: also write the notes as Markdown files "
                                                                "under OUT/notes/ (for `index build OUT/notes`)."),
+    oracle_search: str = typer.Option(None, "--oracle-search",
+                                      help="notes, club: what the oracle's first search is made of: title (the "
+                                           "default: the note's title, e.g. a full name the question does not "
+                                           "hold) or asked (the question's own words only; a question none of "
+                                           "whose candidates finds its note gets no oracle trajectory). "
+                                           "Recorded in stats.json and manifest.json."),
     samples: int = typer.Option(3, min=0, help="Sample dev questions to print with their gold passages (0: none)."),
 ) -> None:
     """Build a benchmark world: the same files as FactbookQA, from its pinned package.
@@ -113,7 +119,7 @@ def build(
     get(world)  # an unknown name fails before anything is written
     with console.status(f"building {world}") as status:
         stats = build_world(world, out, seed=seed, holdout=holdout, size=size, as_folder=as_folder,
-                            say=lambda m: status.update(m))
+                            oracle_search=oracle_search, say=lambda m: status.update(m))
     _print_stats(stats, title=world)
     if samples:
         _print_samples(out, samples)

@@ -41,6 +41,7 @@ class Step:
     think: str
     queries: tuple[str, ...]  # candidates, best first; the oracle uses the first that works
     evidence: str  # passage id
+    missed: str = "oracle_query_missed_evidence"  # stats.json's drop reason when no candidate retrieves it
 
 
 @dataclass

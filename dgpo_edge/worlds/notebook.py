@@ -5,6 +5,12 @@ subjects from the seed, renders each as one short `Note` with [[links]] to other
 questions through an `Asker`: 1-hop facts read one note, chains follow links across two or three.
 `build_notebook` turns the notes into passages (one each), verifies, splits and writes the
 world's files, and with `as_folder` writes the notes as Markdown under DIR/notes/.
+
+How the oracle's first search is made (`oracle_search`): `title` searches the note's title, as
+the worlds always did, so a question naming only "Sholto" is searched "Sholto Rudd", a surname
+the searcher cannot know and a student trained on it learns to invent; `asked` searches the
+question's own words (`asked_queries`). Later hops search a title either way: the [[link]] of
+the note read before names it.
 """
 
 from __future__ import annotations
@@ -15,13 +21,22 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from .. import jsonio
 from ..errors import InputError
+from ..fts import query_words
 from .base import Question, Step, WorldPassage
 from .phrasing import Phraser
 from .pipeline import WorldSpec, assign_splits, build_world, check_holdout
+
+ORACLE_SEARCHES = ("title", "asked")   # the first is the default, the worlds' oracle before the option
+ASKED_MISSED = "oracle_question_words_missed_note"   # stats.json's drop reason for an `asked` first hop
+# Words an `asked` query leaves out (but for the whole question): what a question asks with, not about.
+QUESTION_WORDS = frozenset("""a an the of for to in on at by with from and or is are was were be do does did s
+    what whats which who whos whom whose where when how i me my we us our you your it its their there that this
+    name someone""".split())
 
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
           "October", "November", "December")
@@ -62,6 +77,45 @@ class Note:
         return " ".join(self.lines)
 
 
+def typed(question: str, mention: str) -> str:
+    """`mention` as the question types it ("gustavo" in a lowercased question); the mention itself
+    where the question does not hold it (phrasing protects it from typos, so it always should)."""
+    at = question.lower().find(mention.lower())
+    return question[at:at + len(mention)] if at >= 0 else mention
+
+
+def asked_queries(question: str, mention: str, title: str) -> tuple[str, ...]:
+    """The first hop's candidate queries, each of the question's own words, in a fixed order:
+    1. the entity as typed with the question's other words that name the note (in its `title`, less
+       those a question asks with): "Bison kickoff" of "When was the Bison kickoff?", "Sholto" of
+       "Sholto side" (the note is "Sholto Rudd"), "Project Otter";
+    2. the entity as typed alone ("Bison", "Emil's trip to Pune");
+    3. the entity with all the question's other words less those it asks with ("gustavo phone extension");
+    4. the whole question.
+    The entity with the note's kind comes first because a mixture re-searches each query on the union
+    of several worlds' notes: "Bison" finds the kickoff note among one world's notes, but in the union
+    three notes worlds' "Project Bison" fill the top 3, and "Bison kickoff" still finds it."""
+    name = typed(question, mention)
+    before, _, after = question.partition(name)
+    naming = {w.lower() for w in query_words(title)}
+    named = [*_content_words(before, naming), name, *_content_words(after, naming)]
+    every = [*_content_words(before), name, *_content_words(after)]
+    return tuple(dict.fromkeys((" ".join(named), name, " ".join(every), question.rstrip("?").rstrip())))
+
+
+def _content_words(text: str, among: set[str] | None = None) -> list[str]:
+    """The words of `text` a question is about, not those it asks with; with `among`, only those in it."""
+    return [w for w in query_words(text) if w.lower() not in QUESTION_WORDS and (among is None or w.lower() in among)]
+
+
+def asked_step(question: str, mention: str, title: str, step: Step) -> Step:
+    """`step` (the first hop) searched and thought about with the question's words only: its think
+    names the note as the first query does, not by its title ("I need Sholto Rudd's note" invents the
+    surname as the search "Sholto Rudd" does)."""
+    queries = asked_queries(question, mention, title)
+    return Step(f"I need the note on {queries[0]}.", queries, step.evidence, ASKED_MISSED)
+
+
 @dataclass
 class Asker:
     """Questions over one world's notes: `hop` names a note to search for, `ask` phrases the question."""
@@ -72,6 +126,12 @@ class Asker:
     ph: Phraser
     facts: dict[str, tuple[tuple[str, ...], str]]   # 1-hop relation -> (templates with {x}, label)
     chains: dict[str, tuple[str, ...]]              # chain relation -> templates with {x}
+    search: str = ORACLE_SEARCHES[0]                # how the first hop searches (module docstring)
+
+    @cached_property
+    def titles(self) -> dict[str, str]:
+        """Passage id -> its note's title."""
+        return {self.pid[n.path]: n.title for n in self.notes.values()}
 
     def hop(self, kind: str, key: str, think: str, *queries: str) -> Step:
         return Step(think, queries, self.pid[self.notes[(kind, key)].path])
@@ -81,7 +141,10 @@ class Asker:
         chain = rel in self.chains
         templates = self.chains[rel] if chain else self.facts[rel][0]
         paths = [p for s in steps for p, pid in self.pid.items() if pid == s.evidence]
-        return Question(self.ph.ask(templates, x=x), answers, len(steps), "chain" if chain else "fact", rel,
+        question = self.ph.ask(templates, x=x)
+        if self.search == "asked":   # every question's first hop is the note on `x`, the entity it names
+            steps = [asked_step(question, x, self.titles[steps[0].evidence], steps[0]), *steps[1:]]
+        return Question(question, answers, len(steps), "chain" if chain else "fact", rel,
                         tuple(dict.fromkeys(entities)), [s.evidence for s in steps], steps, final, bridge,
                         meta={"notes": paths})
 
@@ -109,9 +172,13 @@ class NoteWorld:
 
 
 def build_notebook(world: NoteWorld, out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
-                   as_folder: bool = False, say: Callable[[str], None] = lambda msg: None) -> dict:
-    """Build a world of notes into `out`: one passage per note, the world's files; returns stats.json's content."""
+                   as_folder: bool = False, oracle_search: str = ORACLE_SEARCHES[0],
+                   say: Callable[[str], None] = lambda msg: None) -> dict:
+    """Build a world of notes into `out`: one passage per note, the world's files; returns stats.json's content.
+    `oracle_search` other than the default is recorded in stats.json and manifest.json."""
     check_holdout(holdout)
+    if oracle_search not in ORACLE_SEARCHES:
+        raise InputError(f"--oracle-search must be {' or '.join(ORACLE_SEARCHES)}, got {oracle_search!r}")
     if size is not None and not world.least <= size <= world.most:
         raise InputError(f"--size for {world.spec.kind} counts {world.unit}: {world.least} to {world.most}, "
                          f"got {size}")
@@ -121,9 +188,11 @@ def build_notebook(world: NoteWorld, out: str | Path, seed: int = 0, holdout: fl
     passages = [WorldPassage(str(i), n.title, n.text) for i, n in enumerate(notes.values())]
     pid = {n.path: p.id for n, p in zip(notes.values(), passages)}
     say(f"generating questions over {len(notes)} notes")
-    candidates = world.questions(Asker(w, notes, pid, Phraser(seed, world.spec.kind), world.facts, world.chains))
+    candidates = world.questions(Asker(w, notes, pid, Phraser(seed, world.spec.kind), world.facts, world.chains,
+                                       oracle_search))
     split_of = assign_splits({n.key for n in notes.values()}, seed, holdout)
-    stats = build_world(out, world.spec, passages, candidates, split_of, seed, say)
+    options = {} if oracle_search == ORACLE_SEARCHES[0] else {"oracle_search": oracle_search}
+    stats = build_world(out, world.spec, passages, candidates, split_of, seed, say, options)
     if as_folder:
         for n in notes.values():
             path = Path(out) / "notes" / n.path

@@ -9,19 +9,25 @@ re-render them with its own index.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ..fts import BM25Index
 from ..transcript import Transcript
 from .. import protocol
 from .base import Question
 
 
-def oracle_trajectory(q: Question, index: BM25Index, top_k: int = 3) -> dict | None:
-    """The response segments of a gold trajectory, or None when a query misses its evidence."""
+def oracle_trajectory(q: Question, index: BM25Index, top_k: int = 3,
+                      dropped: Counter[str] | None = None) -> dict | None:
+    """The response segments of a gold trajectory, or None when a query misses its evidence
+    (counted in `dropped` under the step's `missed` reason)."""
     t = Transcript(q.question)
     t.append_prompt(protocol.user_message(q.question))
     for step in q.steps:
         found = _first_hit(step.queries, step.evidence, index, top_k)
         if found is None:
+            if dropped is not None:
+                dropped[step.missed] += 1
             return None
         query, hits = found
         t.append_turn(f"<think> {step.think} </think>\n<search> {query} </search>")

@@ -22,10 +22,11 @@ from ..errors import InputError
 from ..fts import BM25Index
 from ..metrics import normalize_answer
 from ..protocol import Passage
-from .base import Question
+from .base import Question, Step
 from .oracle import oracle_trajectory
 
 SPLITS = ("train", "dev", "test")
+OPTIONS = ("oracle_search",)   # build options a world's manifest records when not the default (build_world)
 FILES = ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl", "oracle.jsonl", "stats.json")
 
 
@@ -108,20 +109,20 @@ def check_held_out(splits: dict[str, list[Question]], split_of: dict[str, str], 
 def oracles(train: list[Question], passages, dropped: Counter[str]) -> list[dict]:
     """Gold trajectories for train questions whose searches retrieve their evidence (BM25)."""
     index = BM25Index(Passage(p.id, p.contents) for p in passages)
-    out = []
-    for q in train:
-        traj = oracle_trajectory(q, index)
-        if traj is None:
-            dropped["oracle_query_missed_evidence"] += 1
-        else:
-            out.append(traj)
-    return out
+    # a world's own drop reasons (an `asked` first hop's) are reported at 0 too: checked, none missed
+    for reason in sorted({s.missed for q in train for s in q.steps} - {Step.missed}):
+        dropped[reason] += 0
+    return [traj for q in train if (traj := oracle_trajectory(q, index, dropped=dropped)) is not None]
 
 
 def build_world(out: str | Path, spec: WorldSpec, passages: list, candidates: list[Question],
                 split_of: dict[str, str], seed: int,
-                say: Callable[[str], None] = lambda msg: None) -> dict:
-    """Verify, split, write oracle trajectories and every file; returns stats.json's content."""
+                say: Callable[[str], None] = lambda msg: None, options: dict | None = None) -> dict:
+    """Verify, split, write oracle trajectories and every file; returns stats.json's content.
+    `options`: build options other than the defaults (`{"oracle_search": "asked"}`), recorded in
+    stats.json (after "seed") and manifest.json, so that a reader or a mixture can tell such a
+    build from a default one, whose files stay byte for byte what they were before the option."""
+    options = options or {}
     out = Path(out)
     dropped: Counter[str] = Counter()
     kept = verified(candidates, passages, dropped)
@@ -134,9 +135,9 @@ def build_world(out: str | Path, spec: WorldSpec, passages: list, candidates: li
     for name in SPLITS:
         jsonio.write_jsonl(out / f"{name}.jsonl", (row(q, spec.entity_label) for q in splits[name]))
     jsonio.write_jsonl(out / "oracle.jsonl", oracle)
-    stats = _stats(spec, passages, splits, split_of, oracle, dropped, seed)
+    stats = _stats(spec, passages, splits, split_of, oracle, dropped, seed, options)
     jsonio.write_json(out / "stats.json", stats)
-    jsonio.write_json(out / "manifest.json", _manifest(out, spec, seed))
+    jsonio.write_json(out / "manifest.json", _manifest(out, spec, seed, options))
     return stats
 
 
@@ -193,7 +194,7 @@ def row(q: Question, label: str = "entities") -> dict:
             label: list(q.entities), "evidence": q.evidence, **q.meta}
 
 
-def _stats(spec: WorldSpec, passages, splits, split_of, oracle, dropped, seed) -> dict:
+def _stats(spec: WorldSpec, passages, splits, split_of, oracle, dropped, seed, options: dict) -> dict:
     per = {}
     for name, qs in splits.items():
         per[name] = {
@@ -205,12 +206,12 @@ def _stats(spec: WorldSpec, passages, splits, split_of, oracle, dropped, seed) -
         }
     total = sum(len(qs) for qs in splits.values())
     multi = sum(1 for qs in splits.values() for q in qs if q.hops > 1)
-    return {"seed": seed, **spec.stats_extra, "passages": len(passages), "questions": total,
+    return {"seed": seed, **options, **spec.stats_extra, "passages": len(passages), "questions": total,
             "multi_hop_share": round(multi / max(total, 1), 4), "splits": per,
             "oracle_trajectories": len(oracle), "dropped": dict(sorted(dropped.items()))}
 
 
-def _manifest(out: Path, spec: WorldSpec, seed: int) -> dict:
+def _manifest(out: Path, spec: WorldSpec, seed: int, options: dict) -> dict:
     files = {name: jsonio.file_digest(out / name) for name in FILES}
     return {"kind": spec.kind, "produced_by": f"dgpo-edge {__version__}", "source": spec.source,
-            "seed": seed, "files": files}
+            "seed": seed, **options, "files": files}

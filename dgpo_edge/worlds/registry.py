@@ -27,6 +27,7 @@ class World:
     size: str = ""      # what --size counts; "" when the world has no size option
     folder: bool = False  # --as-folder writes its passages as Markdown files too
     kind: str = ""      # the "kind" its manifest.json records, when not its name
+    searches: bool = False  # --oracle-search picks how its oracle's first hop searches (worlds.notebook)
 
     @property
     def manifest_kind(self) -> str:
@@ -58,10 +59,11 @@ WORLDS = {w.name: w for w in (
           "GCIDE English headwords: 4,011 passages, 3,147 questions",
           size="headwords"),
     World("notes", "dgpo_edge.worlds.notes.build:build_notes", "", "",
-          "generated Markdown notes of 100 people: 258 passages, 1,177 questions", size="people, 6 to 118", folder=True),
+          "generated Markdown notes of 100 people: 258 passages, 1,177 questions", size="people, 6 to 118", folder=True,
+          searches=True),
     World("club", "dgpo_edge.worlds.club.build:build_club", "", "",
           "generated Markdown notes of a rowing club, 100 members, none of notes' names or relations: "
-          "251 passages, 1,641 questions", size="members, 8 to 122", folder=True),
+          "251 passages, 1,641 questions", size="members, 8 to 122", folder=True, searches=True),
     World("records", "dgpo_edge.worlds.records:build_records", "", "",
           "generated records of 360 clubs, ships, museums, bands and more, 57 field names: 360 passages, "
           "3,377 questions", size="records, 18 to 5,000"),
@@ -78,8 +80,10 @@ def get(name: str) -> World:
 
 
 def build(name: str, out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
-          as_folder: bool = False, say: Callable[[str], None] = lambda msg: None) -> dict:
-    """Build world `name` into `out`; returns its stats.json content."""
+          as_folder: bool = False, say: Callable[[str], None] = lambda msg: None,
+          oracle_search: str | None = None) -> dict:
+    """Build world `name` into `out`; returns its stats.json content. `oracle_search` (None: the
+    world's default) only for the worlds with `searches`."""
     w = get(name)
     if size is not None and not w.size:
         raise InputError(f"the {name} world has no --size option (it is built whole)")
@@ -88,11 +92,16 @@ def build(name: str, out: str | Path, seed: int = 0, holdout: float = 0.15, size
     if as_folder and not w.folder:
         folders = " and ".join(n for n, x in WORLDS.items() if x.folder)
         raise InputError(f"--as-folder is for the {folders} worlds, not {name}")
+    if oracle_search is not None and not w.searches:
+        searching = " and ".join(n for n, x in WORLDS.items() if x.searches)
+        raise InputError(f"--oracle-search is for the {searching} worlds, not {name}")
     module, _, func = w.builder.partition(":")
     builder = getattr(importlib.import_module(module), func)
     kwargs = {"size": size} if w.size else {}
     if w.folder:
         kwargs["as_folder"] = as_folder
+    if oracle_search is not None:
+        kwargs["oracle_search"] = oracle_search
     # built beside `out` and renamed onto it: a stopped build leaves the old world (or none), and
     # an `out` holding anything but a world or mixture is refused, not replaced
     with atomic_dir(out) as tmp:

@@ -1,6 +1,6 @@
 """Build the club world: the usual world files, and optionally the notes as Markdown files.
 
-    dgpo-edge data build club --out DIR [--as-folder]
+    dgpo-edge data build club --out DIR [--as-folder] [--oracle-search asked]
 
 The notes world's sibling: one rowing club member's notes (members/, crews/, fleet/,
 boathouses/, regattas/, lifts/, repairs/), cross-referenced with [[links]], asked about in
@@ -25,4 +25,5 @@ DEFAULT_MEMBERS = 100
 CLUB = NoteWorld(SPEC, generate_club, render_notes, FACT, CHAIN, generate, "the club", "members",
                  MIN_MEMBERS, len(FIRST), DEFAULT_MEMBERS)
 
-build_club = partial(build_notebook, CLUB)   # (out, seed=0, holdout=0.15, size=None, as_folder=False, say)
+# (out, seed=0, holdout=0.15, size=None, as_folder=False, oracle_search="title", say)
+build_club = partial(build_notebook, CLUB)

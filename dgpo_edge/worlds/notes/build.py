@@ -1,6 +1,6 @@
 """Build the notes world: the usual world files, and optionally the notes as Markdown files.
 
-    dgpo-edge data build notes --out DIR [--as-folder]
+    dgpo-edge data build notes --out DIR [--as-folder] [--oracle-search asked]
 
 Each note is one corpus passage (its title, then its lines). With `as_folder`
 the same notes are also written under DIR/notes/ (people/, teams/, rooms/,
@@ -23,4 +23,5 @@ DEFAULT_PEOPLE = 100
 NOTES = NoteWorld(SPEC, generate_workplace, render_notes, FACT, CHAIN, generate, "the workplace", "people",
                   MIN_PEOPLE, len(FIRST), DEFAULT_PEOPLE)
 
-build_notes = partial(build_notebook, NOTES)   # (out, seed=0, holdout=0.15, size=None, as_folder=False, say)
+# (out, seed=0, holdout=0.15, size=None, as_folder=False, oracle_search="title", say)
+build_notes = partial(build_notebook, NOTES)
