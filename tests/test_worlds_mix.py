@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dgpo_edge import protocol
-from dgpo_edge.fts import BM25Index
+from dgpo_edge.fts import BM25Index, query_words
 from dgpo_edge.jsonio import file_digest
 from dgpo_edge.metrics import normalize_answer
 from dgpo_edge.protocol import Passage
@@ -585,3 +585,39 @@ def test_a_size_the_worlds_cannot_fill_is_refused(worlds: Path, tmp_path: Path):
     result = invoke(*_mix_args(worlds, tmp_path / "m", "--eval-size", 50_000))
     assert_one_line_error(result, "--eval-size 50000", "dev questions")
     assert not (tmp_path / "m").exists()
+
+
+def test_worlds_built_with_an_asked_oracle_are_mixed_as_such(worlds: Path, tmp_path: Path):
+    """`data build notes --oracle-search asked` folders in WORLDS_DIR are mixed as they are: each one's
+    manifest and stats entry says so (a default build's says nothing, as before the option), its first
+    searches re-run on the union corpus still hold only the question's words and find their notes, and
+    a rebuild with the other option makes --keep refuse the mixture."""
+    import shutil
+
+    wdir, out = tmp_path / "worlds", tmp_path / "mix"
+    shutil.copytree(worlds / "elements", wdir / "elements")
+    for entry in ("notes", "notes@2", "club"):
+        name, _, seed = entry.partition("@")
+        registry.build(name, wdir / entry, seed=int(seed or 0), size=24, oracle_search="asked")
+    args = ["data", "mix", "--worlds-dir", wdir, "--out", out, "--keep",
+            *(a for entry in ("club", "elements", "notes", "notes@2") for a in ("--world", f"{entry}=1"))]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    manifest, stats = (json.loads((out / name).read_text()) for name in ("manifest.json", "stats.json"))
+    for record in (manifest["worlds"], stats["worlds"]):
+        assert {n: w.get("oracle_search") for n, w in record.items()} == {
+            "club": "asked", "elements": None, "notes": "asked", "notes@2": "asked"}
+    train = {r["id"]: r for r in _jsonl(out / "train.jsonl")}
+    index = BM25Index(Passage(r["id"], r["contents"]) for r in _jsonl(out / "corpus.jsonl"))
+    firsts = 0
+    for row in _jsonl(out / "oracle.jsonl"):
+        q = train[row["id"]]
+        if q["world"] == "elements":
+            continue
+        first = next(seg for seg in row["segments"] if seg["kind"] == "information")["query"]
+        assert {w.lower() for w in query_words(first)} <= {w.lower() for w in query_words(q["question"])}, row
+        assert q["evidence"][0] in {p.id for p in index.search(first, k=3)}
+        firsts += 1
+    assert firsts and all(stats["worlds"][n]["oracle_hit_share"] >= 0.9 for n in ("club", "notes", "notes@2"))
+    registry.build("notes", wdir / "notes", seed=0, size=24)   # the default oracle: other files
+    assert_one_line_error(invoke(*args), "was mixed from another build of world notes")

@@ -34,7 +34,7 @@ from ..metrics import normalize_answer
 from ..protocol import Passage
 from ..transcript import Transcript
 from . import registry
-from .pipeline import FILES, SPLITS, atomic_dir, check_replaceable
+from .pipeline import FILES, OPTIONS, SPLITS, atomic_dir, check_replaceable
 
 TOP_K = 3  # the oracle's top-k (worlds.oracle), which training's dev rollouts use too
 
@@ -473,6 +473,12 @@ def _oracles(train: list[dict], worlds: list[WorldData], corpus: list[dict],
     return out, tried
 
 
+def built_with(manifest: dict) -> dict:
+    """The build options a world's manifest records (`{"oracle_search": "asked"}`; none for a default
+    build, so a mixture of default builds stays byte for byte what it was before the options)."""
+    return {k: manifest[k] for k in OPTIONS if k in manifest}
+
+
 def _split_stats(rows: list[dict]) -> dict:
     def count(key: str) -> dict:
         return dict(sorted(Counter(str(r[key]) for r in rows).items()))
@@ -488,7 +494,8 @@ def _stats(seed, weights, share, held_out, worlds, corpus, rows, oracle, tried, 
         per_world[w.name] = {
             "weight": weights[w.name], "share": round(share[w.name], 4), "passages": len(w.corpus),
             **{s: sum(1 for r in rows[s] if r["world"] == w.name) for s in SPLITS},
-            "oracle": kept[w.name], "oracle_hit_share": round(kept[w.name] / max(tried[w.name], 1), 4)}
+            "oracle": kept[w.name], "oracle_hit_share": round(kept[w.name] / max(tried[w.name], 1), 4),
+            **built_with(w.manifest)}
     total = sum(len(r) for r in rows.values())
     multi = sum(1 for r in rows.values() for q in r if q["hops"] > 1)
     return {"seed": seed, "kind": "mixture", "held_out": held_out, "worlds": per_world,
@@ -501,7 +508,7 @@ def _stats(seed, weights, share, held_out, worlds, corpus, rows, oracle, tried, 
 
 def _manifest(out: Path, seed, weights, held_out, manifests, held_manifest, train_size, eval_size) -> dict:
     def world_entry(manifest: dict) -> dict:
-        return {"source": manifest.get("source"), "seed": manifest.get("seed"),
+        return {"source": manifest.get("source"), "seed": manifest.get("seed"), **built_with(manifest),
                 "files": manifest.get("files", {})}
 
     return {"kind": "mixture", "produced_by": f"dgpo-edge {__version__}", "seed": seed,
