@@ -252,6 +252,22 @@ def test_resume_after_kill_9_logs_the_same_metrics(toy, tmp_path):
     assert_same_metrics(rows(killed), rows(whole))
 
 
+def test_a_micro_batch_above_each_process_share_of_the_mini_batch_is_refused(toy, tmp_path):
+    """ppo.micro_batch is per process and ppo.mini_batch over all of them: with 2 processes a micro-batch
+    of 4 in a mini-batch of 4 was silently 2."""
+    from dgpo_edge.errors import InputError
+    from dgpo_edge.train.rl.loop import RLTrainer
+
+    trainer = object.__new__(RLTrainer)   # the check alone: two processes cannot be had in this one
+    trainer.config = load_rl_config("dgpo", write_rl_config(toy, tmp_path / "run"))
+    trainer.world = 2
+    with pytest.raises(InputError, match=r"ppo.micro_batch \(4, per process\) must be at most each process's "
+                                         r"share of a mini-batch: ppo.mini_batch \(4\) / 2 processes = 2"):
+        trainer._check_sizes()
+    trainer.config.ppo.micro_batch = 2
+    trainer._check_sizes()
+
+
 SAMPLED = ("em", "answered", "response_length", "searches", "invalid_rate", "teacher_share", "lr", "critic_lr")
 # Fractions of tokens past a clip bound: float rounding can move one token across the bound, which
 # changes the fraction by 1 / (tokens in the batch), about 1e-3 for the toy runs: one token, not two.
@@ -415,6 +431,7 @@ def test_teacher_with_another_tokenizer_is_refused(toy, tmp_path):
     ("teacher.path=", "teacher.path"),
     ("rollout.samples_per_prompt=1", None),
     ("ppo.mini_batch=3", "ppo.mini_batch"),
+    ("ppo.micro_batch=8", "key 'ppo.micro_batch' (8) must be at most ppo.mini_batch (4)"),
     ("teacher.estimator=k2", "teacher.estimator"),
     ("ppo.gamma=1.5", "ppo.gamma"),
     ("rollout.max_turns=3", "unknown"),

@@ -399,3 +399,42 @@ def test_old_protocol_keys_load_with_a_warning_naming_the_new_key(tmp_path, caps
     both = _yaml(tmp_path, RL_GOOD + "rollout: {top_k: 2}\nprotocol: {top_k: 3}\n", "c.yaml")
     with pytest.raises(InputError, match="set only 'protocol.top_k'"):
         load_rl_config("dgpo", both, [])
+
+
+@pytest.mark.parametrize("override, needle", [
+    # accepted, then overflowing in the schedule, torch's int64 and the progress ETA
+    ("optim.max_steps=100000000000000000000", "key 'optim.max_steps' must be at most 1,000,000,000, got 1"),
+    ("optim.max_steps=1000000001", "key 'optim.max_steps' must be at most 1,000,000,000"),
+    ("optim.epochs=1e20", "key 'optim.epochs' must be at most 1,000,000,000"),
+])
+def test_a_step_count_past_the_bound_is_refused_naming_the_key(tmp_path, override, needle):
+    path = _yaml(tmp_path, GOOD)
+    assert load_config(SFTConfig, path, ["optim.max_steps=1000000000"]).optim.max_steps == 10**9   # the bound loads
+    with pytest.raises(InputError) as info:
+        load_config(SFTConfig, path, [override])
+    assert needle in str(info.value) and str(path) in str(info.value)
+
+
+def test_rl_steps_past_the_bound_are_refused_naming_the_key(tmp_path):
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    path = _yaml(tmp_path, RL_GOOD)
+    base = ["rollout.prompts_per_step=256"]
+    assert load_rl_config("dgpo", path, [*base, "optim.steps=1000000000"]).optim.steps == 10**9
+    with pytest.raises(InputError, match=r"key 'optim.steps' must be at most 1,000,000,000, got 100,000"):
+        load_rl_config("dgpo", path, [*base, "optim.steps=100000000000000000000"])
+
+
+def test_a_micro_batch_larger_than_the_mini_batch_is_refused_naming_both(tmp_path):
+    """The loop cut micro-batches from each mini-batch, so a larger one was silently the mini-batch."""
+    from dgpo_edge.train.rl.config import load_rl_config
+
+    path = _yaml(tmp_path, RL_GOOD)
+    base = ["rollout.prompts_per_step=256", "ppo.mini_batch=64"]
+    assert load_rl_config("dgpo", path, [*base, "ppo.micro_batch=64"]).ppo.micro_batch == 64
+    with pytest.raises(InputError) as info:
+        load_rl_config("dgpo", path, [*base, "ppo.micro_batch=128"])
+    assert "key 'ppo.micro_batch' (128) must be at most ppo.mini_batch (64)" in str(info.value)
+    # and a mini-batch of 0 is its own line, not the ZeroDivisionError of the divisibility check
+    with pytest.raises(InputError, match="key 'ppo.mini_batch' must be >= 1"):
+        load_rl_config("dgpo", path, ["rollout.prompts_per_step=256", "ppo.mini_batch=0"])

@@ -418,6 +418,17 @@ def test_a_model_path_shaped_like_a_hub_id_that_is_not_here_is_one_error_line(tm
     assert not (tmp_path / "run").exists()
 
 
+def test_epochs_that_come_to_more_steps_than_the_bound_are_refused_naming_the_key(toy, tmp_path):
+    from dgpo_edge.errors import InputError
+
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
+                          optim={"max_steps": 0, "epochs": 1e9, "batch_size": 2})   # 4 steps an epoch
+    with pytest.raises(InputError, match=r"key 'optim.epochs' gives 4,000,000,000 optimizer steps "
+                                         r"\(1e\+09 epochs x 4\); at most 1,000,000,000"):
+        _sft(config)
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_rl_progress_bar_shows_the_reward_under_its_name(monkeypatch):
     """RL steps advanced the bar with their reward under the label "loss"."""
     from dgpo_edge import progress

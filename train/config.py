@@ -86,7 +86,7 @@ class OptimSection:
     schedule: Schedule = "cosine"  # cosine | linear | constant (after warmup)
     warmup_ratio: float = 0.1    # share of all steps spent warming up linearly from 0
     epochs: float = 1.0          # used when max_steps is 0
-    max_steps: int = 0           # optimizer steps; 0 = derived from epochs
+    max_steps: int = 0           # optimizer steps, at most MAX_STEPS; 0 = derived from epochs
     batch_size: int = 8          # trajectories per micro-batch per process
     grad_accum: int = 1          # micro-batches per optimizer step
     grad_clip: float = 1.0       # max global grad norm; 0 = off
@@ -471,6 +471,9 @@ def validate(config: Any, path: Path | str) -> None:
             bad(key, "must be >= 1")
     if o.max_steps < 0 or (o.max_steps == 0 and not o.epochs > 0):
         bad("optim.max_steps", "must be > 0, or optim.epochs > 0")
+    validate_steps("optim.max_steps", o.max_steps, bad)
+    if o.epochs > MAX_STEPS:   # each epoch is at least one step (the trainer checks the product)
+        bad("optim.epochs", f"must be at most {MAX_STEPS:,}, got {o.epochs:g}")
     if o.grad_clip < 0:
         bad("optim.grad_clip", "must be >= 0")
     if config.chunk_size < 0:
@@ -500,6 +503,18 @@ def validate_seed_and_limits(config: Any, bad) -> None:
         value = getattr(config.data, key)
         if value is not None and value < 1:
             bad(f"data.{key}", f"must be >= 1 (or null: every row), got {value}")
+
+
+# Steps a run may take. Far more than any run takes (a million steps of one second are 12 days), and
+# far below where numbers stop being exact: 10**20 steps was accepted, then overflowed later (int64
+# in torch, floats in the schedule and the progress ETA).
+MAX_STEPS = 10**9
+
+
+def validate_steps(key: str, steps: int, bad) -> None:
+    """A run's optimizer steps at most MAX_STEPS (shared with the RL config's optim.steps)."""
+    if steps > MAX_STEPS:
+        bad(key, f"must be at most {MAX_STEPS:,}, got {steps:,}")
 
 
 def validate_schedule(eval: EvalSection, log: LogSection, bad) -> None:

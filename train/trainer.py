@@ -30,6 +30,7 @@ from typing import Any
 
 from dgpo_edge.errors import InputError
 
+from .config import MAX_STEPS
 from .data import Example, batch_order, collate
 from .plumbing import (
     Loggers,
@@ -117,6 +118,9 @@ class Trainer:
         self.micro_per_epoch = len(batch_order(len(examples), self.global_batch, 0, config.run.seed))
         steps_per_epoch = max(1, self.micro_per_epoch // config.optim.grad_accum)
         self.total_steps = config.optim.max_steps or max(1, math.ceil(config.optim.epochs * steps_per_epoch))
+        if self.total_steps > MAX_STEPS:   # max_steps itself was checked with the config
+            raise InputError(f"key 'optim.epochs' gives {self.total_steps:,} optimizer steps "
+                             f"({config.optim.epochs:g} epochs x {steps_per_epoch:,}); at most {MAX_STEPS:,}")
         self._setup_optim(module)
         self.state = TrainState()
         self.save_clock = SaveClock(config.log.save_minutes)

@@ -77,7 +77,7 @@ class PPOSection:
 
     epochs: int = 1              # passes over each step's rollouts
     mini_batch: int = 256        # rollouts per optimizer step (over all processes)
-    micro_batch: int = 8         # rollouts per forward/backward (per process)
+    micro_batch: int = 8         # rollouts per forward/backward (per process), at most a mini-batch's share of one
     forward_batch: int = 0       # rollouts per no-grad pass (old log-probs, values, reference, teacher); 0 = micro_batch
     # Each micro-batch is cut to its longest row, rounded up to a multiple of this: fewer distinct
     # shapes, so attention kernels that plan per shape (cuDNN's) reuse their plans; 1 = no rounding.
@@ -117,7 +117,7 @@ class TeacherSection:
 class RLOptimSection:
     """AdamW for the actor and the critic, each with warmup then a schedule."""
 
-    steps: int = 1000            # RL steps (each: rollouts, then the update)
+    steps: int = 1000            # RL steps (each: rollouts, then the update), at most MAX_STEPS
     lr: float = 1e-6             # actor
     critic_lr: float = 1e-5
     warmup_ratio: float = 0.285  # actor warmup, share of all steps
@@ -207,7 +207,7 @@ def validate_rl(config: RLConfig, path) -> None:
     """Presence and range checks, each naming the key (InputError -> exit status 2)."""
     from dgpo_edge.errors import InputError
 
-    from ..config import validate_lora, validate_schedule, validate_seed_and_limits
+    from ..config import validate_lora, validate_schedule, validate_seed_and_limits, validate_steps
 
     def bad(key: str, why: str) -> None:
         raise InputError(f"key {key!r} {why}", path)
@@ -220,13 +220,13 @@ def validate_rl(config: RLConfig, path) -> None:
     if config.model.compile:   # shared with SFT/KD's ModelSection; RL's switch also covers critic and teacher
         bad("model.compile", "is for `train sft` and `train kd`; RL compiles the actor, critic and teacher "
                              "with ppo.compile")
+    _validate_ppo(config.ppo, bad)   # first: the rollout checks divide by ppo.mini_batch
     _validate_rollout(config, bad)
     validate_lora(config.lora, bad)
     if _lora_dropout(config.lora):   # scoring and the update both run in training mode (loop.py _train_mode)
         bad("lora.dropout", "must be 0 in RL (for lora.init_from: the adapter's lora_dropout): dropout draws a "
                             "new mask for every pass, so the old and new log-probs of the same tokens would "
                             "differ and the PPO ratio would be noise")
-    _validate_ppo(config.ppo, bad)
     t = config.teacher
     if config.algorithm == "dgpo" and not t.path:
         bad("teacher.path", "is required for dgpo")
@@ -244,6 +244,7 @@ def validate_rl(config: RLConfig, path) -> None:
     o = config.optim
     if o.steps < 1:
         bad("optim.steps", "must be >= 1")
+    validate_steps("optim.steps", o.steps, bad)
     for key, value in (("optim.lr", o.lr), ("optim.critic_lr", o.critic_lr)):
         if not value > 0:
             bad(key, "must be > 0")
@@ -273,6 +274,11 @@ def _validate_rollout(config: RLConfig, bad) -> None:
     if config.ppo.mini_batch > rollouts or rollouts % config.ppo.mini_batch:
         bad("ppo.mini_batch", f"must divide the {rollouts} rollouts of a step "
                               "(rollout.prompts_per_step x rollout.samples_per_prompt)")
+    # A micro-batch is cut from a mini-batch: a larger one was silently the mini-batch (the loop
+    # checks it again against each process's share, once it knows the processes).
+    if config.ppo.micro_batch > config.ppo.mini_batch:
+        bad("ppo.micro_batch", f"({config.ppo.micro_batch}) must be at most ppo.mini_batch "
+                               f"({config.ppo.mini_batch}): a micro-batch is a part of a mini-batch")
 
 
 def _validate_ppo(p: PPOSection, bad) -> None:

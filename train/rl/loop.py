@@ -141,6 +141,11 @@ class RLTrainer:
         if c.rollout.prompts_per_step % world or c.ppo.mini_batch % world:
             raise InputError(f"rollout.prompts_per_step ({c.rollout.prompts_per_step}) and ppo.mini_batch "
                              f"({c.ppo.mini_batch}) must be multiples of the {world} processes")
+        share = c.ppo.mini_batch // world   # a micro-batch larger than this was silently this
+        if c.ppo.micro_batch > share:
+            raise InputError(f"ppo.micro_batch ({c.ppo.micro_batch}, per process) must be at most each process's "
+                             f"share of a mini-batch: ppo.mini_batch ({c.ppo.mini_batch}) / {world} processes "
+                             f"= {share}")
 
     def _load_data(self) -> None:
         from dgpo_edge.datasets import read_qa
