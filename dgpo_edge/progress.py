@@ -57,9 +57,23 @@ class EtaColumn(ProgressColumn):
                 left = task.elapsed * (task.total - task.completed) / done
         if left is None:
             return Text("ETA -:--:--", style="progress.remaining")
-        minutes, seconds = divmod(int(left), 60)
-        hours, minutes = divmod(minutes, 60)
-        return Text(f"ETA {hours}:{minutes:02d}:{seconds:02d}", style="progress.remaining")
+        return Text(f"ETA {clock_text(left)}", style="progress.remaining")
+
+
+def clock_text(seconds: float) -> str:
+    """`1:02:03` for 3,723 seconds (hours uncapped)."""
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}"
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether `stream` is a terminal. Not rich's `is_terminal`, which FORCE_COLOR makes true in a
+    log too: a live display there writes its redraws into the file, and a transient one nothing."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):   # no such method, or a closed stream
+        return False
 
 
 def add_stage(bar: Progress, description: str, stage: str, done: int, total: int | None, **fields: Any) -> TaskID:

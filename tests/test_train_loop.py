@@ -187,6 +187,29 @@ def test_a_resume_between_two_metric_rows_logs_the_uninterrupted_rows(toy, tmp_p
         assert (ra["tokens"], ra["loss_tokens"]) == (rb["tokens"], rb["loss_tokens"])
 
 
+def test_plain_progress_lines_come_after_the_first_step_every_30_s_and_at_the_end(capsys):
+    from dgpo_edge.train.plumbing import PlainProgress
+
+    now = [0.0]
+    advance = PlainProgress(10, 2, "sft", "loss", clock=lambda: now[0])   # resumed at step 2
+    for now[0] in (5, 10, 20, 36, 40, 50, 60, 71):   # steps 3 to 10
+        advance(0.5)
+    assert capsys.readouterr().err.splitlines() == [
+        "train sft: step 3/10, loss 0.5000, elapsed 0:00:05, eta 0:00:35",   # 5 s a step, this run's rate
+        "train sft: step 6/10, loss 0.5000, elapsed 0:00:36, eta 0:00:36",
+        "train sft: step 10/10, loss 0.5000, elapsed 0:01:11, eta 0:00:00"]
+
+
+@pytest.mark.parametrize("bar", [True, False])
+def test_a_run_whose_output_is_no_terminal_prints_progress_lines(toy, tmp_path, capsys, bar):
+    """log.progress=false (as bench scripts run) or output to a file: no progress at all."""
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
+                          log={"every": 1, "tensorboard": False, "progress": bar})
+    _sft(config)
+    err = capsys.readouterr().err
+    assert "train sft: step 1/4, loss " in err and "train sft: step 4/4, loss " in err, err
+
+
 def test_a_run_without_evaluations_saves_by_the_clock(toy, tmp_path):
     """With no data.dev and no log.save_every a run saved only at its end: a crash at any step lost
     everything. log.save_minutes saves checkpoints/last once that long has passed (here: every step)."""
@@ -437,6 +460,7 @@ def test_the_rl_progress_bar_shows_the_reward_under_its_name(monkeypatch):
     made = []
     real = progress.stage_progress
     monkeypatch.setattr(progress, "stage_progress", lambda **kw: made.append(kw["extra"]) or real(**kw))
+    monkeypatch.setattr(progress, "is_terminal", lambda stream: True)   # the bar is for terminals
     for shows in ("loss", "reward"):
         with progress_bar(True, 2, 0, "dgpo", **({"shows": shows} if shows != "loss" else {})) as advance:
             advance(-0.0006)

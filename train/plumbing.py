@@ -6,8 +6,8 @@
 - **run directory and checkpoints**: `prepare_run_dir` (resolved config, resume from
   `checkpoints/last`, recovery from an interrupted swap) and `write_last` (model, tokenizer,
   accelerate state and trainer state, written atomically);
-- **metric sinks**: `Loggers` (metrics.csv / eval.csv, TensorBoard, W&B), `progress_bar` (the rich bar)
-  and `peak_memory_gb`.
+- **metric sinks**: `Loggers` (metrics.csv / eval.csv, TensorBoard, W&B), `progress_bar` (the rich bar
+  on a terminal, `PlainProgress` lines elsewhere) and `peak_memory_gb`.
 
 Nothing here knows a loss or an algorithm: a trainer passes its config, its state as a dict and its
 metric rows.
@@ -23,6 +23,8 @@ import math
 import os
 import resource
 import shutil
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -166,8 +168,6 @@ class SaveClock:
     own could disagree, and a process saving alone would wait forever at the save's barrier."""
 
     def __init__(self, minutes: float):
-        import time
-
         self.seconds, self.clock = minutes * 60, time.monotonic
         self.last = self.clock()
 
@@ -322,8 +322,6 @@ def evaluate_and_keep_best(acc: Any, state: Any, evaluate: Callable[[], dict], l
     """One evaluation, as both trainers run it: the hook on the main process (the others wait),
     its row logged (a data.report row beside it, recorded and never chosen by), `save_best(metrics)`
     when `best_metric` beats `state.best`, and the time added to `state.eval_s`."""
-    import time
-
     t0 = time.perf_counter()
     metrics: dict = {}
     acc.wait_for_everyone()
@@ -464,16 +462,52 @@ def _truncate_csv(path: Path, step: int) -> None:
 
 
 @contextlib.contextmanager
-def progress_bar(enabled: bool, total: int, done: int, label: str, shows: str = "loss"):
-    """A rich progress bar; yields `advance(value)`, the step's `shows` (SFT/KD: loss; RL: reward)."""
+def progress_bar(enabled: bool, total: int, done: int, label: str, shows: str = "loss", bar: bool = True):
+    """Training progress; yields `advance(value)`, the step's `shows` (SFT/KD: loss; RL: reward).
+    `enabled`: this process reports (the main one). `bar` (log.progress): rich's bar, when stderr
+    is a terminal; else, or without `bar`, `PlainProgress` lines, since in a log or a pipe the
+    (transient) bar draws nothing at all."""
+    from dgpo_edge import progress
+
     if not enabled:
         yield lambda value: None
         return
+    if not (bar and progress.is_terminal(sys.stderr)):
+        yield PlainProgress(total, done, label, shows)
+        return
     from rich.progress import TextColumn
 
-    from dgpo_edge.progress import add_stage, stage_progress
-
     # stderr, steps as the unit, an ETA that ignores the steps a resumed run had already done
-    with stage_progress(transient=True, extra=(TextColumn(f"{shows} {{task.fields[value]}}"),)) as bar:
-        task = add_stage(bar, f"train {label}", "train", done, total, unit="steps", value="-")
-        yield lambda value: bar.update(task, advance=1, value=f"{value:.4f}")
+    with progress.stage_progress(transient=True, extra=(TextColumn(f"{shows} {{task.fields[value]}}"),)) as live:
+        task = progress.add_stage(live, f"train {label}", "train", done, total, unit="steps", value="-")
+        yield lambda value: live.update(task, advance=1, value=f"{value:.4f}")
+
+
+#: Seconds between two `PlainProgress` lines.
+PLAIN_PROGRESS_S = 30.0
+
+
+class PlainProgress:
+    """Progress as plain lines on stderr, for a log or a pipe: `train sft: step 20/100, loss 1.2345,
+    elapsed 0:01:02, eta 0:04:08` after the first step, then once PLAIN_PROGRESS_S have passed since
+    the last line, and at the last step. Elapsed and ETA are this process's: a resumed run's earlier
+    steps are not in its rate."""
+
+    def __init__(self, total: int, done: int, label: str, shows: str, clock: Callable[[], float] = time.monotonic):
+        self.total, self.step, self.base, self.label, self.shows = total, done, done, label, shows
+        self.clock = clock
+        self.t0 = clock()
+        self.last: float | None = None
+
+    def __call__(self, value: float) -> None:
+        from dgpo_edge.progress import clock_text
+
+        self.step += 1
+        now = self.clock()
+        if self.last is not None and now - self.last < PLAIN_PROGRESS_S and self.step < self.total:
+            return
+        self.last = now
+        elapsed = now - self.t0
+        eta = elapsed / (self.step - self.base) * max(0, self.total - self.step)
+        print(f"train {self.label}: step {self.step}/{self.total}, {self.shows} {value:.4f}, "
+              f"elapsed {clock_text(elapsed)}, eta {clock_text(eta)}", file=sys.stderr, flush=True)

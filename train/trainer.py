@@ -177,8 +177,8 @@ class Trainer:
         self._window = window = {"loss": saved.get("loss", 0.0), "n": saved.get("n", 0),
                                  "tokens": saved.get("tokens", 0), "loss_tokens": saved.get("loss_tokens", 0),
                                  "t0": time.perf_counter() - saved.get("seconds", 0.0)}
-        with progress_bar(self.acc.is_main_process and self.config.log.progress, self.total_steps,
-                       start_step, self.config.stage) as advance:
+        with progress_bar(self.acc.is_main_process, self.total_steps, start_step, self.config.stage,
+                          bar=self.config.log.progress) as advance:
             while self.state.step < self.total_steps:
                 stats = self._optimizer_step()
                 self.state.step += 1

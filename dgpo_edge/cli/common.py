@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import REFUSED_BY_SYSTEM, InputError
+from ..progress import is_terminal
 from ..protocol import MAX_SEARCHES, MAX_TOP_K
 from ..termtext import not_utf8, printable
 
@@ -36,7 +37,7 @@ def working(message: str) -> Iterator[None]:
     run for a moment (DGPO_EDGE_PROGRESS_AFTER seconds, 2 by default: checks of the input end well
     within it, so bad input still gets its one error line alone), so that the log of a minutes-long
     export or merge says what it is doing."""
-    if _isatty(err_console.file):   # not rich's is_terminal, which FORCE_COLOR makes true in a log too
+    if is_terminal(err_console.file):
         with err_console.status(message):
             yield
         return
@@ -62,13 +63,6 @@ def check_utf8(text: str, what: str) -> None:
     """Refuse argv bytes that were not UTF-8 (the engine would fail on them only after the model loaded)."""
     if bad := not_utf8(text, argv=True):
         raise InputError(f"{what} is not valid UTF-8 text ({bad})")
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):   # no such method, or a closed stream
-        return False
 
 
 class PlainTable(Table):

@@ -303,8 +303,8 @@ class RLTrainer:
             self._evaluate(eval_fn, logger)
         total = self.config.optim.steps
         self.save_clock.saved()   # log.save_minutes count training, not loading and a first evaluation
-        with progress_bar(self.acc.is_main_process and self.config.log.progress, total, self.state.step,
-                          self.config.algorithm, shows="reward") as advance:
+        with progress_bar(self.acc.is_main_process, total, self.state.step, self.config.algorithm,
+                          shows="reward", bar=self.config.log.progress) as advance:
             while self.state.step < total and self.state.stopped is None:
                 row = self.step()
                 self.state.step += 1
