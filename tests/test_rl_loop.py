@@ -252,6 +252,63 @@ def test_resume_after_kill_9_logs_the_same_metrics(toy, tmp_path):
     assert_same_metrics(rows(killed), rows(whole))
 
 
+def _interrupted(config: Path, **kw) -> str:
+    """A DGPO run that must stop on Ctrl-C; returns its line."""
+    from dgpo_edge.train.plumbing import TrainingInterrupted
+
+    with pytest.raises(KeyboardInterrupt) as info:   # not TrainingInterrupted alone: a bare one would end pytest
+        run_rl(load_rl_config("dgpo", config), **kw)
+    assert isinstance(info.value, TrainingInterrupted), repr(info.value)
+    return str(info.value)
+
+
+def test_ctrl_c_saves_the_last_whole_step_and_the_resumed_run_logs_the_same_metrics(toy, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """Ctrl-C saved nothing since the last checkpoint (log.save_minutes: 10 by default). Now, after a
+    step, inside its update (the step is finished first) or inside its rollouts (the step before,
+    saved already here), checkpoints/last holds the last whole step, and the resumed run logs the
+    uninterrupted run's metrics."""
+    from dgpo_edge.train.rl.loop import RLTrainer
+
+    steps = {"optim": {"steps": 4}}
+    whole = tmp_path / "whole"
+    run_rl(load_rl_config("dgpo", write_rl_config(toy, whole, **steps)))
+    assert "train dgpo: step 1/4, reward " in capsys.readouterr().err   # progress lines: stderr is no terminal
+    run = tmp_path / "stopped"
+    config = write_rl_config(toy, run, **steps)
+    last = run / "checkpoints" / "last"
+
+    def holds(step: int) -> str:
+        assert json.loads((last / "trainer_state.json").read_text())["step"] == step
+        return f"interrupted: {last} holds step {step}; run the same command again to resume from there"
+
+    def ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def ctrl_c_after_1(step, row):
+        if step == 1:
+            raise KeyboardInterrupt
+
+    assert _interrupted(config, on_step=ctrl_c_after_1) == holds(1)
+    real_step, calls = torch.optim.AdamW.step, []
+
+    def step_with_ctrl_c(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:   # step 2's first optimizer step
+            ctrl_c()
+        return real_step(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.optim.AdamW, "step", step_with_ctrl_c)
+        assert _interrupted(config) == holds(2)
+    real_rollouts = RLTrainer._rollouts
+    with monkeypatch.context() as m:   # step 3's rollouts
+        m.setattr(RLTrainer, "_rollouts", lambda self, step: (step == 2 and ctrl_c()) or real_rollouts(self, step))
+        assert _interrupted(config) == holds(2)
+    assert run_rl(load_rl_config("dgpo", config))["steps"] == 4
+    assert_same_metrics(rows(run), rows(whole))
+
+
 def test_a_micro_batch_above_each_process_share_of_the_mini_batch_is_refused(toy, tmp_path):
     """ppo.micro_batch is per process and ppo.mini_batch over all of them: with 2 processes a micro-batch
     of 4 in a mini-batch of 4 was silently 2."""

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,6 +188,197 @@ def test_a_resume_between_two_metric_rows_logs_the_uninterrupted_rows(toy, tmp_p
     for ra, rb in zip(a, b):
         assert float(ra["loss"]) == pytest.approx(float(rb["loss"]), rel=1e-6, abs=1e-7), (ra, rb)
         assert (ra["tokens"], ra["loss_tokens"]) == (rb["tokens"], rb["loss_tokens"])
+
+
+def _ctrl_c() -> None:
+    """Ctrl-C, as the terminal sends it: SIGINT to this process (its handler runs at once)."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _interrupted(config: Path, **kw) -> str:
+    """An SFT run that must stop on Ctrl-C; returns its line."""
+    from dgpo_edge.train.plumbing import TrainingInterrupted
+
+    with pytest.raises(KeyboardInterrupt) as info:   # not TrainingInterrupted alone: a bare one would end pytest
+        _sft(config, **kw)
+    assert isinstance(info.value, TrainingInterrupted), repr(info.value)
+    return str(info.value)
+
+
+def _saved_step(run: Path) -> int:
+    return json.loads((run / "checkpoints" / "last" / "trainer_state.json").read_text())["step"]
+
+
+def test_ctrl_c_saves_the_last_whole_step_and_the_rerun_ends_as_an_uninterrupted_run(toy, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """Ctrl-C saved nothing since the last checkpoint (log.save_minutes: 10 by default). Now it saves
+    checkpoints/last at the last whole step, wherever in the step it comes: before the step's optimizer
+    step (the previous step, the half-drawn micro-batch count put back), inside it (the step is finished
+    first; a second Ctrl-C stops at once, saving nothing), after it, and a second Ctrl-C during that save
+    leaves the previous `last` whole. Resumed after all of them, the run logs the uninterrupted run's numbers."""
+    import torch
+
+    from dgpo_edge.train.trainer import Trainer
+
+    common = {"optim": {"max_steps": 6, "batch_size": 2, "grad_accum": 2, "warmup_ratio": 0.3},
+              "log": {"every": 1, "tensorboard": False, "progress": False}}
+    _sft(write_config(tmp_path / "a.yaml", toy["student"], toy["train"], tmp_path / "a", **common))
+    run = tmp_path / "b"
+    config = write_config(tmp_path / "b.yaml", toy["student"], toy["train"], run, **common)
+    last = run / "checkpoints" / "last"
+
+    real_batch = Trainer._batch
+    with monkeypatch.context() as m:   # step 3's second micro-batch: its first one has synced nothing yet
+        m.setattr(Trainer, "_batch", lambda self, micro: (micro == 5 and _ctrl_c()) or real_batch(self, micro))
+        line = _interrupted(config)
+    assert line == f"interrupted: {last} holds step 2; run the same command again to resume from there"
+    assert _saved_step(run) == 2
+
+    real_step, calls = torch.optim.AdamW.step, []
+
+    def step_with_ctrl_c(presses: int, at: int):
+        def step(self, *args, **kwargs):
+            calls.append(1)
+            for _ in range(presses if len(calls) == at else 0):
+                _ctrl_c()
+            return real_step(self, *args, **kwargs)
+        return step
+
+    with monkeypatch.context() as m:   # twice inside step 3's optimizer step: stopped at once
+        m.setattr(torch.optim.AdamW, "step", step_with_ctrl_c(2, at=1))
+        line = _interrupted(config)
+    assert line.startswith("interrupted inside step 3: ") and line.endswith(f"{last} holds step 2; run the same "
+                                                                            "command again to resume from there")
+    calls.clear()
+    capsys.readouterr()
+    with monkeypatch.context() as m:   # once inside step 4's: the step is finished, then saved
+        m.setattr(torch.optim.AdamW, "step", step_with_ctrl_c(1, at=2))
+        line = _interrupted(config)
+    assert "saving once this step's update is done" in capsys.readouterr().err
+    assert line == f"interrupted: {last} holds step 4; run the same command again to resume from there"
+    assert _saved_step(run) == 4
+
+    def second_ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def ctrl_c_at_5(step, stats):
+        if step == 5:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:   # after step 5, and again while its checkpoint is written
+        m.setattr("dgpo_edge.train.lora.save_weights", second_ctrl_c)
+        line = _interrupted(config, on_step=ctrl_c_at_5)
+    assert line == f"interrupted again while saving: {last} holds step 4; run the same command again to resume from there"
+    assert _saved_step(run) == 4 and (last / "model.safetensors").is_file()
+
+    assert _sft(config)["steps"] == 6
+    a, b = read_metrics(tmp_path / "a" / "metrics.csv"), read_metrics(run / "metrics.csv")
+    assert [r["step"] for r in b] == [str(s) for s in range(1, 7)]
+    for ra, rb in zip(a, b):
+        assert float(ra["loss"]) == pytest.approx(float(rb["loss"]), rel=1e-6, abs=1e-7), (ra, rb)
+        assert float(ra["lr"]) == pytest.approx(float(rb["lr"]), rel=1e-9)
+        assert ra["tokens"] == rb["tokens"]
+    wa, wb = _weights(tmp_path / "a" / "checkpoints" / "last"), _weights(last)
+    assert all((wa[k] - wb[k]).abs().max() < 1e-5 for k in wa)
+    assert not (run / "checkpoints" / ".last.tmp").exists()
+
+
+def test_ctrl_c_of_a_fresh_start_saves_over_the_earlier_attempts_last(toy, tmp_path):
+    """run.resume=false beside an earlier attempt's `last` of the same step: that one is not this run's."""
+    common = {"optim": {"max_steps": 2, "batch_size": 2}, "log": {"every": 1, "tensorboard": False, "progress": False}}
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], run, **common)
+    _sft(config)
+    earlier = (run / "checkpoints" / "last").stat().st_ino
+
+    def ctrl_c_at_2(step, stats):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    line = _interrupted(config, overrides=["run.resume=false", "optim.max_steps=4"], on_step=ctrl_c_at_2)
+    assert line.endswith("holds step 2; run the same command again with run.resume=true to resume from there")
+    assert (run / "checkpoints" / "last").stat().st_ino != earlier   # saved anew, not taken for this run's
+
+
+def test_ctrl_c_of_a_piped_run_exits_130_with_the_line_to_resume_and_progress_lines(toy, tmp_path):
+    """A run in a log or a pipe printed no progress (the rich bar draws nothing there), and Ctrl-C
+    there ended it with a traceback, saving nothing."""
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], run, optim={"max_steps": 100000},
+                          log={"every": 1, "tensorboard": False, "progress": True})
+    proc = subprocess.Popen([sys.executable, "-m", "dgpo_edge", "train", "sft", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not (
+            (run / "metrics.csv").is_file() and len(read_metrics(run / "metrics.csv")) >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    saved = _saved_step(run)
+    assert saved >= 2 and [r["step"] for r in read_metrics(run / "metrics.csv")] == [str(s) for s in range(1, saved + 1)]
+    lines = err.strip().splitlines()
+    assert lines[-1] == (f"interrupted: {run / 'checkpoints' / 'last'} holds step {saved}; run the same command "
+                         "again to resume from there"), err
+    assert "train sft: step 1/100000, loss " in err and "Traceback" not in err
+
+
+def test_ctrl_c_while_the_model_loads_exits_130_saying_what_last_holds(toy, tmp_path, monkeypatch):
+    """Before the loop there is nothing to save: click said "Aborted!" and exited 1."""
+    from cli_helpers import invoke
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run")
+    monkeypatch.setattr("dgpo_edge.train.models.load_lm", ctrl_c)
+    result = invoke("train", "sft", "--config", config)
+    assert result.exit_code == 130, result.output
+    last = tmp_path / "run" / "checkpoints" / "last"
+    assert result.plain.strip().splitlines() == [f"interrupted: nothing saved ({last} not written yet)"]
+
+
+def test_a_checkpoint_swapped_into_an_empty_last_folder_appears_whole(tmp_path, monkeypatch):
+    """An empty `last` was filled file by file (replace_dir keeps an empty folder), so a Ctrl-C between
+    two files left a `last` with some of them, which a resumed run would have loaded."""
+    from dgpo_edge.train.plumbing import _swap_in
+
+    tmp, last = tmp_path / ".last.tmp", tmp_path / "last"
+    tmp.mkdir()
+    last.mkdir()
+    for name in ("model.safetensors", "trainer_state.json", "tokenizer.json"):
+        (tmp / name).write_text(name)
+    real, moves = os.replace, []
+
+    def replace_then_crash(src, dst):
+        if moves:
+            raise _Crash   # as a Ctrl-C would stop it (a crash: a KeyboardInterrupt would end pytest)
+        moves.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_then_crash)
+    _swap_in(tmp, last)
+    assert sorted(p.name for p in last.iterdir()) == ["model.safetensors", "tokenizer.json", "trainer_state.json"]
+
+
+def test_a_best_checkpoint_stopped_while_written_is_not_recorded_as_best(tmp_path):
+    """The state named the new best before its checkpoint was written: a Ctrl-C in between saved a
+    `last` whose state claimed a `best` that was never written, so later better evaluations were not kept."""
+    from accelerate import PartialState
+
+    from dgpo_edge.train.plumbing import Loggers, evaluate_and_keep_best
+    from dgpo_edge.train.trainer import TrainState
+
+    state = TrainState(step=4, best=0.5, best_step=2)
+
+    def second_ctrl_c(metrics):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_and_keep_best(PartialState(), state, lambda: {"dev_em": 0.75}, Loggers(None, tmp_path, False, 0),
+                               "dev_em", second_ctrl_c)
+    assert (state.best, state.best_step) == (0.5, 2)
 
 
 def test_plain_progress_lines_come_after_the_first_step_every_30_s_and_at_the_end(capsys):

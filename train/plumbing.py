@@ -6,6 +6,8 @@
 - **run directory and checkpoints**: `prepare_run_dir` (resolved config, resume from
   `checkpoints/last`, recovery from an interrupted swap) and `write_last` (model, tokenizer,
   accelerate state and trainer state, written atomically);
+- **Ctrl-C**: `Interrupts` (a loop stopped by SIGINT saves its last whole step) and
+  `TrainingInterrupted`;
 - **metric sinks**: `Loggers` (metrics.csv / eval.csv, TensorBoard, W&B), `progress_bar` (the rich bar
   on a terminal, `PlainProgress` lines elsewhere) and `peak_memory_gb`.
 
@@ -27,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import check_folder_path, check_holds_only, replace_dir
@@ -311,8 +313,145 @@ def _state_dirs(acc: Any, root: Path, states: dict | None) -> list[tuple[Any, Pa
 
 def _swap_in(tmp: Path, dest: Path) -> None:
     """`replace_dir`: `dest` (`last`) is kept as `.last.old` between the renames, which
-    `prepare_run_dir` restores after a crash there."""
+    `prepare_run_dir` restores after a crash there. An empty `dest` is removed first: replace_dir
+    fills an empty folder file by file, and a crash or a Ctrl-C between two files would leave a `last`
+    with a trainer_state.json but not all of its weights, which a resumed run would load."""
+    if dest.is_dir() and not any(dest.iterdir()):
+        dest.rmdir()
     replace_dir(tmp, dest)
+
+
+# --- Ctrl-C -------------------------------------------------------------------------------------
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C once it saved what it could; `str()` is the line to show (what
+    checkpoints/last holds and how to go on). A KeyboardInterrupt, so a caller that does not know it
+    stops all the same."""
+
+
+class Interrupts:
+    """Ctrl-C (SIGINT) in a training loop: checkpoints/last gets the last whole step.
+
+    A step changes the weights from its first optimizer step on (`commit`), and its bookkeeping (the
+    step count, the scheduler, the metric row) follows: saved in between, the checkpoint would mix
+    two steps. So from `commit` to `step_ends` a first Ctrl-C only asks the loop to stop at
+    `step_ends`; anywhere else it stops at once, and `stop` saves: after `step_ends` the state is that
+    step's, before `commit` the previous step's once `stop` has put back what the begun step drew
+    (the random generators, and accelerate's micro-batch count, which decides where gradients sync):
+    the resumed run draws them again. A second Ctrl-C stops at once. The trainer sets `saved` to the
+    step that checkpoints/last holds for this run (resumed from or saved), so `stop` does not write
+    the same step again.
+
+    With one process only: with several, every rank would have to stop at the same step to save
+    together (a save waits for all of them), so there Ctrl-C stops the run as it always did.
+    """
+
+    def __init__(self, acc: Any):
+        self.acc = acc
+        self.enabled = acc.num_processes == 1
+        self.phase = "done"   # begun (nothing changed yet) | commit (the weights are changing) | done
+        self.requested = False
+        self.saved: int | None = None
+        self._drawn: tuple | None = None
+
+    @contextlib.contextmanager
+    def watch(self):
+        """Within the block, a first Ctrl-C inside a step's commit waits for the step's end. Not where
+        SIGINT was ignored (a job started in the background keeps it so) or has another handler."""
+        import signal
+        import threading
+
+        mine = (self.enabled and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        previous = signal.signal(signal.SIGINT, self._on_sigint) if mine else None
+        try:
+            yield
+        finally:
+            if mine:
+                signal.signal(signal.SIGINT, previous)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.phase != "commit" or self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("interrupted: saving once this step's update is done (Ctrl-C again stops at once, without it)",
+              file=sys.stderr, flush=True)
+
+    def step_begins(self) -> None:
+        self.phase = "begun"
+        self._drawn = (_rng_states(), self.acc.step)
+
+    def commit(self) -> None:
+        """Call just before the step's first optimizer step."""
+        self.phase = "commit"
+
+    def step_ends(self) -> None:
+        """Call once the step's bookkeeping is done; stops here when a Ctrl-C came during its commit."""
+        self.phase = "done"
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def stop(self, step: int, save: Callable[[], None], last: Path, resume: bool) -> NoReturn:
+        """Call from `except KeyboardInterrupt:` around the loop: save the last whole step (unless
+        `last` holds it already) and raise TrainingInterrupted; with several processes, re-raise."""
+        if not self.enabled:
+            raise   # the KeyboardInterrupt being handled
+        if self.phase == "commit":   # a second Ctrl-C inside the update: half a step
+            raise TrainingInterrupted(f"interrupted inside step {step + 1}: {last_holds(last, resume)}") from None
+        if self.phase == "begun":
+            rng, self.acc.step = self._drawn
+            _set_rng_states(rng)
+            self.phase = "done"
+        if step and self.saved != step:
+            try:
+                save()
+            except KeyboardInterrupt:   # the save was written into a temp folder: `last` is as it was
+                raise TrainingInterrupted(f"interrupted again while saving: {last_holds(last, resume)}") from None
+        raise TrainingInterrupted(f"interrupted: {last_holds(last, resume)}") from None
+
+
+def last_holds(last: Path, resume: bool) -> str:
+    """What checkpoints/last holds, and how to go on from it (`run.resume`: whether the run had it on)."""
+    step = _saved_step(last)
+    if step is None:
+        return f"nothing saved ({last} not written yet)"
+    how = "run the same command again" + ("" if resume else " with run.resume=true")
+    return f"{last} holds step {step}; {how} to resume from there"
+
+
+def _saved_step(last: Path) -> int | None:
+    """The step of checkpoints/last (or of `.last.old`, which prepare_run_dir restores), None without one."""
+    for folder in (last, last.with_name(f".{last.name}.old")):
+        try:
+            return int(json.loads((folder / "trainer_state.json").read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _rng_states() -> tuple:
+    """The generators accelerate's save_state saves (Python, NumPy, torch, CUDA)."""
+    import random
+
+    import numpy
+    import torch
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return random.getstate(), numpy.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _set_rng_states(states: tuple) -> None:
+    import random
+
+    import numpy
+    import torch
+
+    python, numpy_state, cpu, cuda = states
+    random.setstate(python)
+    numpy.random.set_state(numpy_state)
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 # --- metric sinks ---------------------------------------------------------------------------
@@ -331,8 +470,8 @@ def evaluate_and_keep_best(acc: Any, state: Any, evaluate: Callable[[], dict], l
         logger.eval_row({"step": state.step, **metrics}, report)
         value = metrics.get(best_metric)
         if value is not None and (state.best is None or value > state.best):
+            save_best(metrics)   # first: stopped inside it, `best` and the state name the same step
             state.best, state.best_step = float(value), state.step
-            save_best(metrics)
     acc.wait_for_everyone()
     state.eval_s += time.perf_counter() - t0
     return metrics

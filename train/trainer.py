@@ -13,7 +13,8 @@ Resuming: the data order is a pure function of (seed, epoch) and the position
 a pure function of the optimizer step, so a run restarted from
 `checkpoints/last` sees exactly the batches an uninterrupted run would have
 seen next, with the same optimizer state and RNG - and so logs the same
-numbers (a test checks this).
+numbers (a test checks this). Ctrl-C saves `last` at the last whole step, as the periodic save
+does, and raises TrainingInterrupted (plumbing.Interrupts), so the rerun continues from there.
 
 The loss is a hook too: `loss_fn(module, batch) -> (loss, stats)`, where
 `module` is the prepared `losses.MaskedLMLoss` (so DDP and autocast apply).
@@ -33,6 +34,7 @@ from dgpo_edge.errors import InputError
 from .config import MAX_STEPS
 from .data import Example, batch_order, collate
 from .plumbing import (
+    Interrupts,
     Loggers,
     SaveClock,
     evaluate_and_keep_best,
@@ -124,6 +126,7 @@ class Trainer:
         self._setup_optim(module)
         self.state = TrainState()
         self.save_clock = SaveClock(config.log.save_minutes)
+        self.interrupts = Interrupts(accelerator)
         self._order_cache: dict[int, list[list[int]]] = {}
         self._eval_copy: Any = None     # the bf16 copy the evaluations decode (made at the first one)
         self._eval_engine: Any = None
@@ -177,25 +180,31 @@ class Trainer:
         self._window = window = {"loss": saved.get("loss", 0.0), "n": saved.get("n", 0),
                                  "tokens": saved.get("tokens", 0), "loss_tokens": saved.get("loss_tokens", 0),
                                  "t0": time.perf_counter() - saved.get("seconds", 0.0)}
-        with progress_bar(self.acc.is_main_process, self.total_steps, start_step, self.config.stage,
-                          bar=self.config.log.progress) as advance:
-            while self.state.step < self.total_steps:
-                stats = self._optimizer_step()
-                self.state.step += 1
-                window["loss"] += stats["loss"]
-                window["n"] += 1
-                window["tokens"] += stats["tokens"]
-                window["loss_tokens"] += stats["loss_tokens"]
-                self.state.tokens += stats["tokens"]
-                self.state.elapsed_s = time.perf_counter() - t_start
-                advance(stats["loss"])
-                if self.state.step % self.config.log.every == 0 or self.state.step == self.total_steps:
-                    logger.train_row(self._train_row(window, stats), TRAIN_COLUMNS)
-                    self._window = window = {"loss": 0.0, "n": 0, "tokens": 0, "loss_tokens": 0,
-                                             "t0": time.perf_counter()}
-                self._after_step(logger)
-                if self.on_step:
-                    self.on_step(self.state.step, stats)
+        try:
+            with self.interrupts.watch(), progress_bar(self.acc.is_main_process, self.total_steps, start_step,
+                                                       self.config.stage, bar=self.config.log.progress) as advance:
+                while self.state.step < self.total_steps:
+                    self.interrupts.step_begins()
+                    stats = self._optimizer_step()
+                    self.state.step += 1
+                    window["loss"] += stats["loss"]
+                    window["n"] += 1
+                    window["tokens"] += stats["tokens"]
+                    window["loss_tokens"] += stats["loss_tokens"]
+                    self.state.tokens += stats["tokens"]
+                    self.state.elapsed_s = time.perf_counter() - t_start
+                    advance(stats["loss"])
+                    if self.state.step % self.config.log.every == 0 or self.state.step == self.total_steps:
+                        logger.train_row(self._train_row(window, stats), TRAIN_COLUMNS)
+                        self._window = window = {"loss": 0.0, "n": 0, "tokens": 0, "loss_tokens": 0,
+                                                 "t0": time.perf_counter()}
+                    self.interrupts.step_ends()
+                    self._after_step(logger)
+                    if self.on_step:
+                        self.on_step(self.state.step, stats)
+        except KeyboardInterrupt:
+            logger.close()
+            self.interrupts.stop(self.state.step, self.save_last, self.ckpt / "last", self.config.run.resume)
         self.state.elapsed_s = time.perf_counter() - t_start  # include the final evaluation and save
         logger.close()
         self.acc.end_training()  # the process group, under a distributed launch
@@ -214,6 +223,7 @@ class Trainer:
                 loss, _ = self.loss_fn(self.module, batch)
                 self.acc.backward(loss)
                 if self.acc.sync_gradients:
+                    self.interrupts.commit()   # the weights change from here on
                     if self.config.optim.grad_clip > 0:
                         norm = self.acc.clip_grad_norm_(self.module.parameters(), self.config.optim.grad_clip)
                         grad_norm = float(norm) if norm is not None else float("nan")
@@ -314,11 +324,13 @@ class Trainer:
         write_last(self.acc, self.ckpt, self.lm, self.tokenizer, self.state.__dict__, self.provenance(),
                    module=self.module)
         self.save_clock.saved()
+        self.interrupts.saved = self.state.step
 
     def _prepare_run_dir(self) -> None:
         saved = prepare_run_dir(self.acc, self.config, self.out)
         if saved is not None:
             self.state = TrainState(**saved)
+            self.interrupts.saved = self.state.step
 
     def _summary(self) -> dict:
         s = self.state

@@ -8,12 +8,14 @@ accelerate are imported only when a command runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 
-from .common import console, needs_extra, user_errors
+from .common import console, err_console, needs_extra, user_errors
 from .train_tgo import tgo_command
 
 app = typer.Typer(help="Train a search agent: SFT, cold-start KD, teacher trajectories, PPO/DGPO/GRPO "
@@ -34,7 +36,9 @@ def sft(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
     from ..train.sft import run_sft
 
     cfg = load_config(SFTConfig, config, overrides or [])
-    _report(run_sft(cfg), cfg.run.out_dir)
+    with _saved_on_interrupt(cfg):
+        summary = run_sft(cfg)
+    _report(summary, cfg.run.out_dir)
 
 
 @app.command("kd")
@@ -46,7 +50,9 @@ def kd(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
     from ..train.kd import run_kd
 
     cfg = load_config(KDConfig, config, overrides or [])
-    _report(run_kd(cfg), cfg.run.out_dir)
+    with _saved_on_interrupt(cfg):
+        summary = run_kd(cfg)
+    _report(summary, cfg.run.out_dir)
 
 
 def _rl(algorithm: str, config: Path, overrides: list[str] | None) -> None:
@@ -57,7 +63,8 @@ def _rl(algorithm: str, config: Path, overrides: list[str] | None) -> None:
     quiet_transformers()
 
     cfg = load_rl_config(algorithm, config, overrides or [])
-    summary = run_rl(cfg)
+    with _saved_on_interrupt(cfg):
+        summary = run_rl(cfg)
     if os.environ.get("RANK", "0") != "0":
         return
     best = "" if summary["best"] is None else \
@@ -90,6 +97,24 @@ def dgpo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
 def grpo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
     """GRPO: group-normalised advantages over several samples per question, no critic (teacher optional)."""
     _rl("grpo", config, overrides)
+
+
+@contextlib.contextmanager
+def _saved_on_interrupt(cfg) -> Iterator[None]:
+    """Ctrl-C: one line saying what checkpoints/last holds and how to resume, and exit status 130 (a
+    shell's for SIGINT), not click's "Aborted!" and 1. In the training loop the trainer has saved the
+    last whole step and says so (train/plumbing.py Interrupts); elsewhere (loading, or several
+    processes, where it does not save) the line says what the last save left."""
+    from ..train.plumbing import TrainingInterrupted, last_holds
+
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        line = str(e) if isinstance(e, TrainingInterrupted) else \
+            f"interrupted: {last_holds(Path(cfg.run.out_dir) / 'checkpoints' / 'last', cfg.run.resume)}"
+        if os.environ.get("RANK", "0") == "0":   # one line per run, not per process
+            err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
 
 
 def _report(summary: dict, out_dir: str) -> None:

@@ -27,6 +27,7 @@ The math is in math.py, the models in models.py (loading: train/models.py). Ever
 seeded by (seed, step, process), and checkpoints/last holds the models,
 optimizers, schedulers, RNG and the loop state, so a run killed at any point
 and resumed logs the same metrics as one that never stopped (a test checks it).
+Ctrl-C saves it at the last whole step first (plumbing.Interrupts).
 Metrics per step go to metrics.csv and TensorBoard; dev EM to eval.csv.
 """
 
@@ -61,6 +62,7 @@ from ..rollout import RolloutConfig, generate_rollouts, make_engine, observation
 from ..rollout_copy import RolloutCopy, wants_copy
 from ..models import load_frozen, load_lm, load_tokenizer
 from ..plumbing import (
+    Interrupts,
     Loggers,
     SaveClock,
     check_before_loading,
@@ -133,6 +135,7 @@ class RLTrainer:
         self._setup_optim()
         self.state = RLState()
         self.save_clock = SaveClock(config.log.save_minutes)
+        self.interrupts = Interrupts(self.acc)
         self.watch = rl_math.CollapseWatch(config.collapse.window, config.collapse.drop, config.collapse.min_best)
 
     # -- setup ---------------------------------------------------------------------------------
@@ -295,6 +298,7 @@ class RLTrainer:
         saved = prepare_run_dir(self.acc, self.config, self.out, states=self._states())
         if saved is not None:
             self.state = RLState(**saved)
+            self.interrupts.saved = self.state.step
             self.watch.load_state_dict(self.state.collapse)
             self._sync_rollout_copy()   # the actor's weights were just restored
         logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
@@ -303,21 +307,28 @@ class RLTrainer:
             self._evaluate(eval_fn, logger)
         total = self.config.optim.steps
         self.save_clock.saved()   # log.save_minutes count training, not loading and a first evaluation
-        with progress_bar(self.acc.is_main_process, total, self.state.step, self.config.algorithm,
-                          shows="reward", bar=self.config.log.progress) as advance:
-            while self.state.step < total and self.state.stopped is None:
-                row = self.step()
-                self.state.step += 1
-                self.state.elapsed_s = time.perf_counter() - t_start
-                row.update(step=self.state.step, elapsed_s=round(self.state.elapsed_s, 2),
-                           peak_mem_gb=round(peak_memory_gb(), 3))
-                self._watch_collapse(row)
-                advance(row["reward"])
-                if self.state.step % self.config.log.every == 0 or self.state.step == total:
-                    logger.train_row(row, RL_COLUMNS)
-                self._after_step(eval_fn, logger)
-                if self.on_step:
-                    self.on_step(self.state.step, row)
+        try:
+            with self.interrupts.watch(), progress_bar(self.acc.is_main_process, total, self.state.step,
+                                                       self.config.algorithm, shows="reward",
+                                                       bar=self.config.log.progress) as advance:
+                while self.state.step < total and self.state.stopped is None:
+                    self.interrupts.step_begins()
+                    row = self.step()
+                    self.state.step += 1
+                    self.state.elapsed_s = time.perf_counter() - t_start
+                    row.update(step=self.state.step, elapsed_s=round(self.state.elapsed_s, 2),
+                               peak_mem_gb=round(peak_memory_gb(), 3))
+                    self._watch_collapse(row)
+                    advance(row["reward"])
+                    if self.state.step % self.config.log.every == 0 or self.state.step == total:
+                        logger.train_row(row, RL_COLUMNS)
+                    self.interrupts.step_ends()
+                    self._after_step(eval_fn, logger)
+                    if self.on_step:
+                        self.on_step(self.state.step, row)
+        except KeyboardInterrupt:
+            logger.close()
+            self.interrupts.stop(self.state.step, self.save_last, self.ckpt / "last", self.config.run.resume)
         self.state.elapsed_s = time.perf_counter() - t_start
         logger.close()
         summary = self._summary()
@@ -542,6 +553,7 @@ class RLTrainer:
             self.acc.backward(loss)
 
     def _clip_and_step(self, module: Any, optimizer: Any) -> float:
+        self.interrupts.commit()   # the weights change from here on
         if self.deepspeed:
             return rl_deepspeed.step(module)
         norm = float("nan")
@@ -623,6 +635,7 @@ class RLTrainer:
         write_last(self.acc, self.ckpt, self.lm, self.tokenizer, asdict(self.state), self._provenance(),
                    states=self._states())
         self.save_clock.saved()
+        self.interrupts.saved = self.state.step
 
     def _summary(self) -> dict:
         from dgpo_edge.jsonio import write_json
