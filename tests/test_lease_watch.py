@@ -13,9 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_watch_returns_results_and_each_adapter_under_a_name_a_call_returns(tmp_path):
-    tree = tmp_path / "checkout"
-    (tree / "bench" / "lease").mkdir(parents=True)
-    shutil.copy(ROOT / "bench" / "lease" / "watch.sh", tree / "bench" / "lease" / "watch.sh")
+    tree = _watch_copy(tmp_path)
     run = tree / "out" / "runs" / "worlds-dgpo-lora-all-24l+lr5e5"
     run.mkdir(parents=True)
     (run / "eval.csv").write_text("step,dev_em\n40,0.78\n")
@@ -24,7 +22,6 @@ def test_watch_returns_results_and_each_adapter_under_a_name_a_call_returns(tmp_
     (adapter / "adapter_model.safetensors").write_bytes(b"lora")
     (tree / "out" / "results").mkdir()
     (tree / "out" / "results" / "rows.jsonl").write_text('{"method": "rl50-grpo-s1"}\n')
-    (tree / "out" / "logs").mkdir()
     (tree / "out" / "logs" / "rl-dgpo-s0.log").write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
     returned = tmp_path / "returned"
     returned.mkdir()
@@ -39,3 +36,28 @@ def test_watch_returns_results_and_each_adapter_under_a_name_a_call_returns(tmp_
     with tarfile.open(returned / "results.tgz") as tgz:
         assert "results/worlds-dgpo-lora-all-24l+lr5e5.eval.csv" in tgz.getnames()
         assert "results/rows.jsonl" in tgz.getnames()   # a lease's rows written under out/results
+
+
+def _watch_copy(tmp_path: Path) -> Path:
+    tree = tmp_path / "checkout"
+    (tree / "bench" / "lease").mkdir(parents=True)
+    shutil.copy(ROOT / "bench" / "lease" / "watch.sh", tree / "bench" / "lease" / "watch.sh")
+    (tree / "out" / "logs").mkdir(parents=True)
+    return tree
+
+
+def test_a_watch_ends_early_once_the_work_is_done(tmp_path):
+    tree = _watch_copy(tmp_path)
+    (tree / "out" / "logs" / "lease.done").touch()
+    # 600 s asked: the subprocess timeout (60 s) fails the test unless the marker ends the wait
+    done = subprocess.run(["bash", str(tree / "bench" / "lease" / "watch.sh"), "600"], capture_output=True,
+                          text=True, env={k: v for k, v in os.environ.items() if k != "OUT"}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "the lease's work is done (out/logs/lease.done)" in done.stdout
+
+
+def test_a_watch_of_whole_seconds_only(tmp_path):
+    tree = _watch_copy(tmp_path)
+    done = subprocess.run(["bash", str(tree / "bench" / "lease" / "watch.sh"), "5m"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == "error: SECONDS '5m': whole seconds"

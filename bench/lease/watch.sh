@@ -4,15 +4,23 @@
 # JSON, JSON lines or log a job wrote under out/results/ (a lease's rows.jsonl stayed behind before), e.g. bench/rollout.py --out out/results/rollout.json) as
 # $OUT/results.tgz, which a call returns (at most 8 files of 16 MiB), and each KD adapter in out/pack as
 # $OUT/NAME-adapter.tgz.
-#   bash bench/lease/watch.sh SECONDS
+#   bash bench/lease/watch.sh SECONDS    # at most SECONDS: sooner once out/logs/lease.done exists
 # A log with a Python traceback is named on a line starting with "!!" (a row out of GPU memory, say).
 # Issue the next watch the moment one returns: a machine with no call in flight goes back after 30 s,
 # with everything on it. Editing code here while a lease runs means no call is in flight: a lease
 # on 2026-11-28 was lost that way mid-run (three KD students and two benchmark runs). Write the
 # code before the lease, or have a helper keep issuing watch calls meanwhile. Each call also copies
 # the checkout again, and only processes started after it see the new code.
+# The wait ends early once out/logs/lease.done exists (a lease's work script touches it as its last step):
+# a machine held past the end of its work is device time spent on nothing (a lease on 2026-12-01 held
+# nearly 5 minutes so, of a 30-minute budget, waiting out a 300-second watch).
 cd "$(dirname "$0")/../.." || exit 1
-sleep "${1:?usage: bench/lease/watch.sh SECONDS}"
+wait_s=${1:?usage: bench/lease/watch.sh SECONDS}
+[[ $wait_s =~ ^[0-9]+$ ]] || { echo "error: SECONDS '$wait_s': whole seconds" >&2; exit 2; }
+for (( left = 10#$wait_s; left > 0; left -= 5 )); do
+  [ -e out/logs/lease.done ] && { echo "the lease's work is done (out/logs/lease.done)"; break; }
+  sleep $(( left < 5 ? left : 5 ))
+done
 date; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
 tail -n 20 out/logs/lanes.log 2>/dev/null
 for f in out/logs/rl-*.log out/logs/worlds-*.log out/results/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 2 "$f" | cut -c1-300; }; done
