@@ -33,6 +33,7 @@ import test_rollout_support as support  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 from cli_helpers import assert_one_line_error, invoke  # noqa: E402
+from train_helpers import ctrl_c, ctrl_c_after, ctrl_c_in_optimizer_step, holds_line, interrupted  # noqa: E402
 
 from dgpo_edge.train.rl.loop import run_rl  # noqa: E402
 from dgpo_edge.train.rl.config import load_rl_config  # noqa: E402
@@ -254,59 +255,47 @@ def test_resume_after_kill_9_logs_the_same_metrics(toy, tmp_path):
 
 def _interrupted(config: Path, **kw) -> str:
     """A DGPO run that must stop on Ctrl-C; returns its line."""
-    from dgpo_edge.train.plumbing import TrainingInterrupted
+    return interrupted(lambda: run_rl(load_rl_config("dgpo", config), **kw))
 
-    with pytest.raises(KeyboardInterrupt) as info:   # not TrainingInterrupted alone: a bare one would end pytest
-        run_rl(load_rl_config("dgpo", config), **kw)
-    assert isinstance(info.value, TrainingInterrupted), repr(info.value)
-    return str(info.value)
+
+def _evaluations(run: Path) -> list[dict]:
+    with open(run / "eval.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _best(run: Path) -> tuple:
+    summary = json.loads((run / "summary.json").read_text())
+    return summary["best"], summary["best_step"]
 
 
 def test_ctrl_c_saves_the_last_whole_step_and_the_resumed_run_logs_the_same_metrics(toy, tmp_path, monkeypatch,
                                                                                      capsys):
     """Ctrl-C saved nothing since the last checkpoint (log.save_minutes: 10 by default). Now, after a
-    step, inside its update (the step is finished first) or inside its rollouts (the step before,
-    saved already here), checkpoints/last holds the last whole step, and the resumed run logs the
-    uninterrupted run's metrics."""
+    step, inside its update (the step is finished first, its evaluation and save included) or inside
+    its rollouts (the step before, saved already here), checkpoints/last holds the last whole step,
+    and the resumed run logs the uninterrupted run's metrics and evaluations. (A Ctrl-C inside step
+    2's update stopped the run before step 2's evaluation, which the resumed run, starting at step 3,
+    never made.)"""
     from dgpo_edge.train.rl.loop import RLTrainer
 
-    steps = {"optim": {"steps": 4}}
+    steps = {"optim": {"steps": 4}, "data": {"dev": str(toy / "dev.jsonl")}, "eval": {"every": 2}}
     whole = tmp_path / "whole"
     run_rl(load_rl_config("dgpo", write_rl_config(toy, whole, **steps)))
     assert "train dgpo: step 1/4, reward " in capsys.readouterr().err   # progress lines: stderr is no terminal
     run = tmp_path / "stopped"
     config = write_rl_config(toy, run, **steps)
-    last = run / "checkpoints" / "last"
 
-    def holds(step: int) -> str:
-        assert json.loads((last / "trainer_state.json").read_text())["step"] == step
-        return f"interrupted: {last} holds step {step}; run the same command again to resume from there"
-
-    def ctrl_c():
-        os.kill(os.getpid(), signal.SIGINT)
-
-    def ctrl_c_after_1(step, row):
-        if step == 1:
-            raise KeyboardInterrupt
-
-    assert _interrupted(config, on_step=ctrl_c_after_1) == holds(1)
-    real_step, calls = torch.optim.AdamW.step, []
-
-    def step_with_ctrl_c(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:   # step 2's first optimizer step
-            ctrl_c()
-        return real_step(self, *args, **kwargs)
-
-    with monkeypatch.context() as m:
-        m.setattr(torch.optim.AdamW, "step", step_with_ctrl_c)
-        assert _interrupted(config) == holds(2)
+    assert _interrupted(config, on_step=ctrl_c_after(1)) == holds_line(run, 1)
+    with ctrl_c_in_optimizer_step(monkeypatch, at=1):   # step 2's first optimizer step
+        assert _interrupted(config) == holds_line(run, 2)
+    assert [r["step"] for r in _evaluations(run)] == ["2"]
     real_rollouts = RLTrainer._rollouts
     with monkeypatch.context() as m:   # step 3's rollouts
         m.setattr(RLTrainer, "_rollouts", lambda self, step: (step == 2 and ctrl_c()) or real_rollouts(self, step))
-        assert _interrupted(config) == holds(2)
+        assert _interrupted(config) == holds_line(run, 2)
     assert run_rl(load_rl_config("dgpo", config))["steps"] == 4
     assert_same_metrics(rows(run), rows(whole))
+    assert _evaluations(run) == _evaluations(whole) and _best(run) == _best(whole)
 
 
 def test_a_micro_batch_above_each_process_share_of_the_mini_batch_is_refused(toy, tmp_path):

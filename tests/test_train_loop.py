@@ -16,7 +16,13 @@ pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
 from train_helpers import (
+    ctrl_c,
+    ctrl_c_after,
+    ctrl_c_in_optimizer_step,
+    holds_line,
+    interrupted,
     read_metrics,
+    saved_step,
     smol_tokenizer_dir,
     tiny_model_dir,
     toy_trajectory,
@@ -190,23 +196,9 @@ def test_a_resume_between_two_metric_rows_logs_the_uninterrupted_rows(toy, tmp_p
         assert (ra["tokens"], ra["loss_tokens"]) == (rb["tokens"], rb["loss_tokens"])
 
 
-def _ctrl_c() -> None:
-    """Ctrl-C, as the terminal sends it: SIGINT to this process (its handler runs at once)."""
-    os.kill(os.getpid(), signal.SIGINT)
-
-
 def _interrupted(config: Path, **kw) -> str:
     """An SFT run that must stop on Ctrl-C; returns its line."""
-    from dgpo_edge.train.plumbing import TrainingInterrupted
-
-    with pytest.raises(KeyboardInterrupt) as info:   # not TrainingInterrupted alone: a bare one would end pytest
-        _sft(config, **kw)
-    assert isinstance(info.value, TrainingInterrupted), repr(info.value)
-    return str(info.value)
-
-
-def _saved_step(run: Path) -> int:
-    return json.loads((run / "checkpoints" / "last" / "trainer_state.json").read_text())["step"]
+    return interrupted(lambda: _sft(config, **kw))
 
 
 def test_ctrl_c_saves_the_last_whole_step_and_the_rerun_ends_as_an_uninterrupted_run(toy, tmp_path, monkeypatch,
@@ -216,8 +208,6 @@ def test_ctrl_c_saves_the_last_whole_step_and_the_rerun_ends_as_an_uninterrupted
     step (the previous step, the half-drawn micro-batch count put back), inside it (the step is finished
     first; a second Ctrl-C stops at once, saving nothing), after it, and a second Ctrl-C during that save
     leaves the previous `last` whole. Resumed after all of them, the run logs the uninterrupted run's numbers."""
-    import torch
-
     from dgpo_edge.train.trainer import Trainer
 
     common = {"optim": {"max_steps": 6, "batch_size": 2, "grad_accum": 2, "warmup_ratio": 0.3},
@@ -229,47 +219,26 @@ def test_ctrl_c_saves_the_last_whole_step_and_the_rerun_ends_as_an_uninterrupted
 
     real_batch = Trainer._batch
     with monkeypatch.context() as m:   # step 3's second micro-batch: its first one has synced nothing yet
-        m.setattr(Trainer, "_batch", lambda self, micro: (micro == 5 and _ctrl_c()) or real_batch(self, micro))
-        line = _interrupted(config)
-    assert line == f"interrupted: {last} holds step 2; run the same command again to resume from there"
-    assert _saved_step(run) == 2
+        m.setattr(Trainer, "_batch", lambda self, micro: (micro == 5 and ctrl_c()) or real_batch(self, micro))
+        assert _interrupted(config) == holds_line(run, 2)
 
-    real_step, calls = torch.optim.AdamW.step, []
-
-    def step_with_ctrl_c(presses: int, at: int):
-        def step(self, *args, **kwargs):
-            calls.append(1)
-            for _ in range(presses if len(calls) == at else 0):
-                _ctrl_c()
-            return real_step(self, *args, **kwargs)
-        return step
-
-    with monkeypatch.context() as m:   # twice inside step 3's optimizer step: stopped at once
-        m.setattr(torch.optim.AdamW, "step", step_with_ctrl_c(2, at=1))
+    with ctrl_c_in_optimizer_step(monkeypatch, at=1, presses=2):   # twice inside step 3's optimizer step: stopped at once
         line = _interrupted(config)
     assert line.startswith("interrupted inside step 3: ") and line.endswith(f"{last} holds step 2; run the same "
                                                                             "command again to resume from there")
-    calls.clear()
     capsys.readouterr()
-    with monkeypatch.context() as m:   # once inside step 4's: the step is finished, then saved
-        m.setattr(torch.optim.AdamW, "step", step_with_ctrl_c(1, at=2))
-        line = _interrupted(config)
-    assert "saving once this step's update is done" in capsys.readouterr().err
-    assert line == f"interrupted: {last} holds step 4; run the same command again to resume from there"
-    assert _saved_step(run) == 4
+    with ctrl_c_in_optimizer_step(monkeypatch, at=2):   # once inside step 4's: the step is finished, then saved
+        assert _interrupted(config) == holds_line(run, 4)
+    assert "saving once this step is finished, its evaluation and save included" in capsys.readouterr().err
 
     def second_ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
-    def ctrl_c_at_5(step, stats):
-        if step == 5:
-            raise KeyboardInterrupt
-
     with monkeypatch.context() as m:   # after step 5, and again while its checkpoint is written
         m.setattr("dgpo_edge.train.lora.save_weights", second_ctrl_c)
-        line = _interrupted(config, on_step=ctrl_c_at_5)
+        line = _interrupted(config, on_step=ctrl_c_after(5))
     assert line == f"interrupted again while saving: {last} holds step 4; run the same command again to resume from there"
-    assert _saved_step(run) == 4 and (last / "model.safetensors").is_file()
+    assert saved_step(run) == 4 and (last / "model.safetensors").is_file()
 
     assert _sft(config)["steps"] == 6
     a, b = read_metrics(tmp_path / "a" / "metrics.csv"), read_metrics(run / "metrics.csv")
@@ -283,6 +252,38 @@ def test_ctrl_c_saves_the_last_whole_step_and_the_rerun_ends_as_an_uninterrupted
     assert not (run / "checkpoints" / ".last.tmp").exists()
 
 
+def test_ctrl_c_inside_a_step_that_evaluates_waits_for_its_evaluation(toy, tmp_path, monkeypatch):
+    """A Ctrl-C inside step 2's update stopped the run after its metric row but before its evaluation,
+    and one during the evaluation stopped it there: either way `last` held step 2, the resumed run
+    began at step 3, and step 2 was never evaluated (eval.csv lacked its row and `best` came from a
+    later step). Now the step is evaluated and saved first."""
+    pytest.importorskip("dgpo_edge.train.rollout")
+    from dgpo_edge.train.trainer import Trainer
+
+    def config(name: str) -> Path:
+        return write_config(tmp_path / f"{name}.yaml", toy["student"], toy["train"], tmp_path / name,
+                            optim={"max_steps": 4, "batch_size": 2},
+                            data={"dev": str(toy["dev"]), "retriever": str(toy["corpus"])},
+                            eval={"every": 2, "engine": "plain"}, protocol={"max_turn_tokens": 8})
+
+    def stopped_then_resumed(name: str) -> dict:
+        assert _interrupted(config(name)) == holds_line(tmp_path / name, 2)
+        return _sft(config(name))
+
+    whole = _sft(config("whole"))
+    want = read_metrics(tmp_path / "whole" / "eval.csv")
+    assert [r["step"] for r in want] == ["2", "4"]
+    with ctrl_c_in_optimizer_step(monkeypatch, at=2):   # step 2's
+        in_update = stopped_then_resumed("update")
+    real_decoder = Trainer._eval_decoder
+    with monkeypatch.context() as m:   # step 2's evaluation
+        m.setattr(Trainer, "_eval_decoder", lambda self: (self.state.step == 2 and ctrl_c()) or real_decoder(self))
+        in_evaluation = stopped_then_resumed("evaluation")
+    for name, resumed in (("update", in_update), ("evaluation", in_evaluation)):
+        assert read_metrics(tmp_path / name / "eval.csv") == want, name
+        assert (resumed["best"], resumed["best_step"]) == (whole["best"], whole["best_step"]), name
+
+
 def test_ctrl_c_of_a_fresh_start_saves_over_the_earlier_attempts_last(toy, tmp_path):
     """run.resume=false beside an earlier attempt's `last` of the same step: that one is not this run's."""
     common = {"optim": {"max_steps": 2, "batch_size": 2}, "log": {"every": 1, "tensorboard": False, "progress": False}}
@@ -291,11 +292,7 @@ def test_ctrl_c_of_a_fresh_start_saves_over_the_earlier_attempts_last(toy, tmp_p
     _sft(config)
     earlier = (run / "checkpoints" / "last").stat().st_ino
 
-    def ctrl_c_at_2(step, stats):
-        if step == 2:
-            raise KeyboardInterrupt
-
-    line = _interrupted(config, overrides=["run.resume=false", "optim.max_steps=4"], on_step=ctrl_c_at_2)
+    line = _interrupted(config, overrides=["run.resume=false", "optim.max_steps=4"], on_step=ctrl_c_after(2))
     assert line.endswith("holds step 2; run the same command again with run.resume=true to resume from there")
     assert (run / "checkpoints" / "last").stat().st_ino != earlier   # saved anew, not taken for this run's
 
@@ -316,7 +313,7 @@ def test_ctrl_c_of_a_piped_run_exits_130_with_the_line_to_resume_and_progress_li
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
-    saved = _saved_step(run)
+    saved = saved_step(run)
     assert saved >= 2 and [r["step"] for r in read_metrics(run / "metrics.csv")] == [str(s) for s in range(1, saved + 1)]
     lines = err.strip().splitlines()
     assert lines[-1] == (f"interrupted: {run / 'checkpoints' / 'last'} holds step {saved}; run the same command "

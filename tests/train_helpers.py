@@ -7,7 +7,11 @@ over its 49,152-token vocabulary, saved in transformers format.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -99,3 +103,57 @@ def read_metrics(path: Path) -> list[dict]:
 
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+# --- Ctrl-C in a training loop (train/plumbing.py Interrupts) ----------------------------------------
+
+def ctrl_c() -> None:
+    """Ctrl-C, as the terminal sends it: SIGINT to this process (its handler runs at once)."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def ctrl_c_after(step: int) -> Callable[[int, dict], None]:
+    """An `on_step` hook that presses Ctrl-C once step `step` has run."""
+    def on_step(done: int, row: dict) -> None:
+        if done == step:
+            ctrl_c()
+    return on_step
+
+
+def interrupted(train: Callable[[], object]) -> str:
+    """`train()`, a run that must stop on Ctrl-C once it saved what it could; returns its line."""
+    from dgpo_edge.train.plumbing import TrainingInterrupted
+
+    with pytest.raises(KeyboardInterrupt) as info:   # not TrainingInterrupted alone: a bare one would end pytest
+        train()
+    assert isinstance(info.value, TrainingInterrupted), repr(info.value)
+    return str(info.value)
+
+
+@contextlib.contextmanager
+def ctrl_c_in_optimizer_step(monkeypatch: pytest.MonkeyPatch, at: int, presses: int = 1):
+    """Within the block, Ctrl-C `presses` times inside the `at`-th AdamW step (counted from 1)."""
+    import torch
+
+    real_step, calls = torch.optim.AdamW.step, []
+
+    def step(self, *args, **kwargs):
+        calls.append(1)
+        for _ in range(presses if len(calls) == at else 0):
+            ctrl_c()
+        return real_step(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.optim.AdamW, "step", step)
+        yield
+
+
+def saved_step(run: Path) -> int:
+    """The step `run`/checkpoints/last holds."""
+    return json.loads((run / "checkpoints" / "last" / "trainer_state.json").read_text())["step"]
+
+
+def holds_line(run: Path, step: int) -> str:
+    """A Ctrl-C's line once `run`/checkpoints/last holds `step` (checked), with run.resume on."""
+    assert saved_step(run) == step
+    return f"interrupted: {run / 'checkpoints' / 'last'} holds step {step}; run the same command again to resume from there"

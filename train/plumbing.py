@@ -333,14 +333,16 @@ class Interrupts:
     """Ctrl-C (SIGINT) in a training loop: checkpoints/last gets the last whole step.
 
     A step changes the weights from its first optimizer step on (`commit`), and its bookkeeping (the
-    step count, the scheduler, the metric row) follows: saved in between, the checkpoint would mix
-    two steps. So from `commit` to `step_ends` a first Ctrl-C only asks the loop to stop at
-    `step_ends`; anywhere else it stops at once, and `stop` saves: after `step_ends` the state is that
-    step's, before `commit` the previous step's once `stop` has put back what the begun step drew
-    (the random generators, and accelerate's micro-batch count, which decides where gradients sync):
-    the resumed run draws them again. A second Ctrl-C stops at once. The trainer sets `saved` to the
-    step that checkpoints/last holds for this run (resumed from or saved), so `stop` does not write
-    the same step again.
+    step count, the scheduler, the metric row), its evaluation and its save follow: saved in between,
+    the checkpoint would mix two steps, and stopped before its evaluation, the resumed run (which
+    starts at the next step) would never evaluate that step. So from `commit` to `step_ends`, which the
+    loop calls once all of that is done, a first Ctrl-C only asks the loop to stop at `step_ends`;
+    anywhere else it stops at once, and `stop` saves: after `step_ends` the state is that step's,
+    before `commit` the previous step's once `stop` has put back what the begun step drew (the random
+    generators, and accelerate's micro-batch count, which decides where gradients sync): the resumed
+    run draws them again. A second Ctrl-C stops at once. The trainer sets `saved` to the step that
+    checkpoints/last holds for this run (resumed from or saved), so `stop` does not write the same
+    step again.
 
     With one process only: with several, every rank would have to stop at the same step to save
     together (a save waits for all of them), so there Ctrl-C stops the run as it always did.
@@ -352,6 +354,7 @@ class Interrupts:
         self.phase = "done"   # begun (nothing changed yet) | commit (the weights are changing) | done
         self.requested = False
         self.saved: int | None = None
+        self.running = 0      # the step begun last (counted from 1)
         self._drawn: tuple | None = None
 
     @contextlib.contextmanager
@@ -374,11 +377,13 @@ class Interrupts:
         if self.phase != "commit" or self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print("interrupted: saving once this step's update is done (Ctrl-C again stops at once, without it)",
-              file=sys.stderr, flush=True)
+        print("interrupted: saving once this step is finished, its evaluation and save included (Ctrl-C again "
+              "stops at once, without it)", file=sys.stderr, flush=True)
 
-    def step_begins(self) -> None:
+    def step_begins(self, step: int) -> None:
+        """Call as step number `step` (counted from 1) begins, before it draws anything."""
         self.phase = "begun"
+        self.running = step
         self._drawn = (_rng_states(), self.acc.step)
 
     def commit(self) -> None:
@@ -386,7 +391,8 @@ class Interrupts:
         self.phase = "commit"
 
     def step_ends(self) -> None:
-        """Call once the step's bookkeeping is done; stops here when a Ctrl-C came during its commit."""
+        """Call once the step is done, its bookkeeping, evaluation and save included; stops here when a
+        Ctrl-C came after its commit."""
         self.phase = "done"
         if self.requested:
             raise KeyboardInterrupt
@@ -397,7 +403,7 @@ class Interrupts:
         if not self.enabled:
             raise   # the KeyboardInterrupt being handled
         if self.phase == "commit":   # a second Ctrl-C inside the update: half a step
-            raise TrainingInterrupted(f"interrupted inside step {step + 1}: {last_holds(last, resume)}") from None
+            raise TrainingInterrupted(f"interrupted inside step {self.running}: {last_holds(last, resume)}") from None
         if self.phase == "begun":
             rng, self.acc.step = self._drawn
             _set_rng_states(rng)

@@ -184,7 +184,7 @@ class Trainer:
             with self.interrupts.watch(), progress_bar(self.acc.is_main_process, self.total_steps, start_step,
                                                        self.config.stage, bar=self.config.log.progress) as advance:
                 while self.state.step < self.total_steps:
-                    self.interrupts.step_begins()
+                    self.interrupts.step_begins(self.state.step + 1)
                     stats = self._optimizer_step()
                     self.state.step += 1
                     window["loss"] += stats["loss"]
@@ -198,10 +198,10 @@ class Trainer:
                         logger.train_row(self._train_row(window, stats), TRAIN_COLUMNS)
                         self._window = window = {"loss": 0.0, "n": 0, "tokens": 0, "loss_tokens": 0,
                                                  "t0": time.perf_counter()}
-                    self.interrupts.step_ends()
                     self._after_step(logger)
                     if self.on_step:
                         self.on_step(self.state.step, stats)
+                    self.interrupts.step_ends()   # last: a Ctrl-C in the step waits for its evaluation and save
         except KeyboardInterrupt:
             logger.close()
             self.interrupts.stop(self.state.step, self.save_last, self.ckpt / "last", self.config.run.resume)

@@ -312,7 +312,7 @@ class RLTrainer:
                                                        self.config.algorithm, shows="reward",
                                                        bar=self.config.log.progress) as advance:
                 while self.state.step < total and self.state.stopped is None:
-                    self.interrupts.step_begins()
+                    self.interrupts.step_begins(self.state.step + 1)
                     row = self.step()
                     self.state.step += 1
                     self.state.elapsed_s = time.perf_counter() - t_start
@@ -322,10 +322,10 @@ class RLTrainer:
                     advance(row["reward"])
                     if self.state.step % self.config.log.every == 0 or self.state.step == total:
                         logger.train_row(row, RL_COLUMNS)
-                    self.interrupts.step_ends()
                     self._after_step(eval_fn, logger)
                     if self.on_step:
                         self.on_step(self.state.step, row)
+                    self.interrupts.step_ends()   # last: a Ctrl-C in the step waits for its evaluation and save
         except KeyboardInterrupt:
             logger.close()
             self.interrupts.stop(self.state.step, self.save_last, self.ckpt / "last", self.config.run.resume)
