@@ -284,6 +284,33 @@ def test_ctrl_c_inside_a_step_that_evaluates_waits_for_its_evaluation(toy, tmp_p
         assert (resumed["best"], resumed["best_step"]) == (whole["best"], whole["best_step"]), name
 
 
+def test_a_step_commits_before_the_backward_that_syncs(toy, tmp_path, monkeypatch):
+    """Under DeepSpeed, accelerate's backward of the micro-batch that syncs runs the engine's optimizer
+    step itself, but the step was marked as changing the weights (Interrupts.commit) only after that
+    backward: a Ctrl-C inside it was taken for one before the step, whose weights were half changed.
+    DeepSpeed is not installed for the tests, so the order is checked on the plain path, which shares it."""
+    from accelerate import Accelerator
+
+    from dgpo_edge.train.plumbing import Interrupts
+
+    events: list = []
+    real_backward, real_commit = Accelerator.backward, Interrupts.commit
+
+    def backward(self, loss, **kwargs):
+        events.append(("backward", self.sync_gradients))
+        return real_backward(self, loss, **kwargs)
+
+    def commit(self):
+        events.append("commit")
+        return real_commit(self)
+
+    monkeypatch.setattr(Accelerator, "backward", backward)
+    monkeypatch.setattr(Interrupts, "commit", commit)
+    _sft(write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
+                      optim={"max_steps": 2, "batch_size": 2, "grad_accum": 2}))
+    assert events == [("backward", False), "commit", ("backward", True)] * 2
+
+
 def test_ctrl_c_of_a_fresh_start_saves_over_the_earlier_attempts_last(toy, tmp_path):
     """run.resume=false beside an earlier attempt's `last` of the same step: that one is not this run's."""
     common = {"optim": {"max_steps": 2, "batch_size": 2}, "log": {"every": 1, "tensorboard": False, "progress": False}}

@@ -219,11 +219,14 @@ class Trainer:
         self.module.train()
         for j in range(ga):
             batch = self._batch(self.state.step * ga + j)
-            with self.acc.accumulate(self.module):
+            with self.acc.accumulate(self.module):   # sets sync_gradients for this micro-batch on entry
                 loss, _ = self.loss_fn(self.module, batch)
+                if self.acc.sync_gradients:
+                    # The weights change from here on: under DeepSpeed, backward on the micro-batch that
+                    # syncs runs the engine's optimizer step itself (the step() below is a no-op there).
+                    self.interrupts.commit()
                 self.acc.backward(loss)
                 if self.acc.sync_gradients:
-                    self.interrupts.commit()   # the weights change from here on
                     if self.config.optim.grad_clip > 0:
                         norm = self.acc.clip_grad_norm_(self.module.parameters(), self.config.optim.grad_clip)
                         grad_norm = float(norm) if norm is not None else float("nan")
