@@ -298,20 +298,24 @@ def test_ctrl_c_saves_the_last_whole_step_and_the_resumed_run_logs_the_same_metr
     assert _evaluations(run) == _evaluations(whole) and _best(run) == _best(whole)
 
 
-def test_a_micro_batch_above_each_process_share_of_the_mini_batch_is_refused(toy, tmp_path):
-    """ppo.micro_batch is per process and ppo.mini_batch over all of them: with 2 processes a micro-batch
-    of 4 in a mini-batch of 4 was silently 2."""
-    from dgpo_edge.errors import InputError
+def test_a_micro_batch_above_each_process_share_of_the_mini_batch_is_cut_to_it_and_said(toy, tmp_path, capsys):
+    """ppo.micro_batch is per process and ppo.mini_batch over all of them: a micro-batch above each
+    process's share was refused, so the shipped configs (mini 64, micro 32) stopped on 3 GPUs or more
+    (8 processes: 8 each), where they ran before. Now the micro-batches are the share, said once (by the
+    main process), and the no-gradient passes (ppo.forward_batch=0) keep the configured micro-batch."""
     from dgpo_edge.train.rl.loop import RLTrainer
 
-    trainer = object.__new__(RLTrainer)   # the check alone: two processes cannot be had in this one
-    trainer.config = load_rl_config("dgpo", write_rl_config(toy, tmp_path / "run"))
-    trainer.world = 2
-    with pytest.raises(InputError, match=r"ppo.micro_batch \(4, per process\) must be at most each process's "
-                                         r"share of a mini-batch: ppo.mini_batch \(4\) / 2 processes = 2"):
+    trainer = object.__new__(RLTrainer)   # the sizes alone: two processes cannot be had in this one
+    trainer.config = load_rl_config("dgpo", write_rl_config(toy, tmp_path / "run"))   # mini 4, micro 4
+    for rank in (0, 1):
+        trainer.world, trainer.rank = 2, rank
         trainer._check_sizes()
-    trainer.config.ppo.micro_batch = 2
+        assert (trainer.micro_batch, trainer.forward_rows) == (2, 4)
+    assert capsys.readouterr().out.splitlines() == [
+        "ppo.micro_batch 4 is more than each process's 2 of ppo.mini_batch 4 over 2 processes: micro-batches of 2"]
+    trainer.world, trainer.rank = 1, 0
     trainer._check_sizes()
+    assert trainer.micro_batch == 4 and capsys.readouterr().out == ""
 
 
 SAMPLED = ("em", "answered", "response_length", "searches", "invalid_rate", "teacher_share", "lr", "critic_lr")

@@ -77,7 +77,7 @@ class PPOSection:
 
     epochs: int = 1              # passes over each step's rollouts
     mini_batch: int = 256        # rollouts per optimizer step (over all processes)
-    micro_batch: int = 8         # rollouts per forward/backward (per process), at most a mini-batch's share of one
+    micro_batch: int = 8         # rollouts per forward/backward (per process); above a process's share of a mini-batch, that share
     forward_batch: int = 0       # rollouts per no-grad pass (old log-probs, values, reference, teacher); 0 = micro_batch
     # Each micro-batch is cut to its longest row, rounded up to a multiple of this: fewer distinct
     # shapes, so attention kernels that plan per shape (cuDNN's) reuse their plans; 1 = no rounding.
@@ -275,7 +275,7 @@ def _validate_rollout(config: RLConfig, bad) -> None:
         bad("ppo.mini_batch", f"must divide the {rollouts} rollouts of a step "
                               "(rollout.prompts_per_step x rollout.samples_per_prompt)")
     # A micro-batch is cut from a mini-batch: a larger one was silently the mini-batch (the loop
-    # checks it again against each process's share, once it knows the processes).
+    # cuts it to each process's share, once it knows the processes, and says so).
     if config.ppo.micro_batch > config.ppo.mini_batch:
         bad("ppo.micro_batch", f"({config.ppo.micro_batch}) must be at most ppo.mini_batch "
                                f"({config.ppo.mini_batch}): a micro-batch is a part of a mini-batch")

@@ -140,15 +140,18 @@ class RLTrainer:
 
     # -- setup ---------------------------------------------------------------------------------
     def _check_sizes(self) -> None:
+        """Refuse batch sizes the processes cannot split; set `micro_batch`, this process's."""
         c, world = self.config, self.world
         if c.rollout.prompts_per_step % world or c.ppo.mini_batch % world:
             raise InputError(f"rollout.prompts_per_step ({c.rollout.prompts_per_step}) and ppo.mini_batch "
                              f"({c.ppo.mini_batch}) must be multiples of the {world} processes")
-        share = c.ppo.mini_batch // world   # a micro-batch larger than this was silently this
-        if c.ppo.micro_batch > share:
-            raise InputError(f"ppo.micro_batch ({c.ppo.micro_batch}, per process) must be at most each process's "
-                             f"share of a mini-batch: ppo.mini_batch ({c.ppo.mini_batch}) / {world} processes "
-                             f"= {share}")
+        # A process's micro-batches are cut from its share of a mini-batch, so none is larger than that
+        # share. Said, not refused: a config's micro-batch fits one GPU, and the shipped ones (mini 64,
+        # micro 32) run on 8 (the config check refuses a micro-batch above the whole mini-batch).
+        self.micro_batch = rl_deepspeed.micro_batches(c, world)[0]
+        if self.micro_batch < c.ppo.micro_batch and self.rank == 0:
+            print(f"ppo.micro_batch {c.ppo.micro_batch} is more than each process's {self.micro_batch} of "
+                  f"ppo.mini_batch {c.ppo.mini_batch} over {world} processes: micro-batches of {self.micro_batch}")
 
     def _load_data(self) -> None:
         from dgpo_edge.datasets import read_qa
@@ -446,9 +449,15 @@ class RLTrainer:
         """`value` summed over all processes (the global batch's statistics for ppo.whiten=reference)."""
         return self.acc.reduce(value, "sum") if self.world > 1 else value
 
+    @property
+    def forward_rows(self) -> int:
+        """Rows per no-gradient pass: ppo.forward_batch, 0 meaning ppo.micro_batch as configured (not
+        cut to a process's share of a mini-batch: these passes are not part of one)."""
+        return self.config.ppo.forward_batch or self.config.ppo.micro_batch
+
     def _forward_all(self, fn: Callable[[StepBatch], torch.Tensor], batch: StepBatch) -> torch.Tensor:
         """fn over batches of `ppo.forward_batch` rows (no gradients kept), reassembled into [B, L]."""
-        size = self.config.ppo.forward_batch or self.config.ppo.micro_batch
+        size = self.forward_rows
         out = torch.zeros_like(batch.mask)
         rows = torch.arange(batch.input_ids.shape[0], device=batch.mask.device)
         order = by_length(rows, batch.attention_mask)   # similar lengths together: little padding
@@ -496,7 +505,7 @@ class RLTrainer:
         # The mini-batch's gradient is a token-weighted sum over its micro-batches, whatever rows each
         # holds: micro-batches of similar lengths compute less padding for the same update.
         index = by_length(index, batch.attention_mask)
-        micros = [index[i:i + c.ppo.micro_batch] for i in range(0, len(index), c.ppo.micro_batch)]
+        micros = [index[i:i + self.micro_batch] for i in range(0, len(index), self.micro_batch)]
         for j, micro in enumerate(micros):
             sub = batch.rows(micro)
             width = sub.input_ids.shape[1]
