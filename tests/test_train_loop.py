@@ -324,6 +324,30 @@ def test_ctrl_c_of_a_fresh_start_saves_over_the_earlier_attempts_last(toy, tmp_p
     assert (run / "checkpoints" / "last").stat().st_ino != earlier   # saved anew, not taken for this run's
 
 
+def test_ctrl_c_of_a_fresh_start_that_saved_nothing_says_so(toy, tmp_path, monkeypatch):
+    """run.resume=false beside an earlier attempt's `last` (step 2): a Ctrl-C before this run saved
+    anything said "last holds step 2; run the same command again with run.resume=true to resume from
+    there", though this run had dropped that attempt's metric rows. Likewise during the evaluation at
+    step 0 (eval.at_start), where the Ctrl-C did not reach the loop's handler at all."""
+    from dgpo_edge.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], run, optim={"max_steps": 2, "batch_size": 2},
+                          data={"dev": str(toy["dev"]), "retriever": str(toy["corpus"])},
+                          eval={"every": 0, "engine": "plain"}, protocol={"max_turn_tokens": 8})
+    _sft(config)
+    want = (f"interrupted: nothing saved by this run (run.resume=false): {run / 'checkpoints' / 'last'} still holds "
+            "an earlier attempt's step 2, whose metric rows this run dropped; the same command starts again from step 0")
+    real_batch = Trainer._batch
+    with monkeypatch.context() as m:   # step 1's micro-batch
+        m.setattr(Trainer, "_batch", lambda self, micro: (micro == 0 and ctrl_c()) or real_batch(self, micro))
+        assert _interrupted(config, overrides=["run.resume=false"]) == want
+    assert not (run / "metrics.csv").exists() and saved_step(run) == 2
+    with monkeypatch.context() as m:   # the evaluation at step 0
+        m.setattr(Trainer, "_eval_decoder", lambda self: ctrl_c())
+        assert _interrupted(config, overrides=["run.resume=false", "eval.at_start=true"]) == want
+
+
 def test_ctrl_c_of_a_piped_run_exits_130_with_the_line_to_resume_and_progress_lines(toy, tmp_path):
     """A run in a log or a pipe printed no progress (the rich bar draws nothing there), and Ctrl-C
     there ended it with a traceback, saving nothing."""

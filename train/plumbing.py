@@ -403,7 +403,7 @@ class Interrupts:
         if not self.enabled:
             raise   # the KeyboardInterrupt being handled
         if self.phase == "commit":   # a second Ctrl-C inside the update: half a step
-            raise TrainingInterrupted(f"interrupted inside step {self.running}: {last_holds(last, resume)}") from None
+            raise TrainingInterrupted(f"interrupted inside step {self.running}: {self._holds(last, resume)}") from None
         if self.phase == "begun":
             rng, self.acc.step = self._drawn
             _set_rng_states(rng)
@@ -412,15 +412,24 @@ class Interrupts:
             try:
                 save()
             except KeyboardInterrupt:   # the save was written into a temp folder: `last` is as it was
-                raise TrainingInterrupted(f"interrupted again while saving: {last_holds(last, resume)}") from None
-        raise TrainingInterrupted(f"interrupted: {last_holds(last, resume)}") from None
+                raise TrainingInterrupted(f"interrupted again while saving: {self._holds(last, resume)}") from None
+        raise TrainingInterrupted(f"interrupted: {self._holds(last, resume)}") from None
+
+    def _holds(self, last: Path, resume: bool) -> str:
+        # With run.resume=false, a `last` this run did not save is an earlier attempt's.
+        return last_holds(last, resume, ours=resume or self.saved is not None)
 
 
-def last_holds(last: Path, resume: bool) -> str:
-    """What checkpoints/last holds, and how to go on from it (`run.resume`: whether the run had it on)."""
+def last_holds(last: Path, resume: bool, ours: bool = True) -> str:
+    """What checkpoints/last holds, and how to go on from it (`run.resume`: whether the run had it on).
+    `ours=False`: this run, a fresh start, saved nothing, and has dropped the metric rows of whatever
+    `last` holds (Loggers), so resuming from it is not what to offer."""
     step = _saved_step(last)
     if step is None:
         return f"nothing saved ({last} not written yet)"
+    if not ours:
+        return (f"nothing saved by this run (run.resume=false): {last} still holds an earlier attempt's step {step}, "
+                "whose metric rows this run dropped; the same command starts again from step 0")
     how = "run the same command again" + ("" if resume else " with run.resume=true")
     return f"{last} holds step {step}; {how} to resume from there"
 

@@ -172,15 +172,12 @@ class Trainer:
         self._prepare_run_dir()
         logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
         t_start = time.perf_counter() - self.state.elapsed_s
-        if self.eval_fn and self.config.eval.at_start and self.state.step == 0:
-            self._evaluate(logger)
         start_step = self.state.step
-        self.save_clock.saved()   # log.save_minutes count training, not loading and a first evaluation
-        saved = self.state.window   # a resumed run's steps since its last row, else nothing
-        self._window = window = {"loss": saved.get("loss", 0.0), "n": saved.get("n", 0),
-                                 "tokens": saved.get("tokens", 0), "loss_tokens": saved.get("loss_tokens", 0),
-                                 "t0": time.perf_counter() - saved.get("seconds", 0.0)}
         try:
+            if self.eval_fn and self.config.eval.at_start and self.state.step == 0:
+                self._evaluate(logger)   # in the try: stopped here, the line says what this run left
+            self.save_clock.saved()   # log.save_minutes count training, not loading and a first evaluation
+            self._window = window = self._first_window()
             with self.interrupts.watch(), progress_bar(self.acc.is_main_process, self.total_steps, start_step,
                                                        self.config.stage, bar=self.config.log.progress) as advance:
                 while self.state.step < self.total_steps:
@@ -209,6 +206,12 @@ class Trainer:
         logger.close()
         self.acc.end_training()  # the process group, under a distributed launch
         return self._summary()
+
+    def _first_window(self) -> dict:
+        """The metric window the loop starts with: a resumed run's steps since its last row, else none."""
+        saved = self.state.window
+        return {"loss": saved.get("loss", 0.0), "n": saved.get("n", 0), "tokens": saved.get("tokens", 0),
+                "loss_tokens": saved.get("loss_tokens", 0), "t0": time.perf_counter() - saved.get("seconds", 0.0)}
 
     def _optimizer_step(self) -> dict:
         """One optimizer step over grad_accum micro-batches; returns averaged stats."""

@@ -306,11 +306,11 @@ class RLTrainer:
             self._sync_rollout_copy()   # the actor's weights were just restored
         logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
         t_start = time.perf_counter() - self.state.elapsed_s
-        if eval_fn and self.config.eval.at_start and self.state.step == 0:
-            self._evaluate(eval_fn, logger)
         total = self.config.optim.steps
-        self.save_clock.saved()   # log.save_minutes count training, not loading and a first evaluation
         try:
+            if eval_fn and self.config.eval.at_start and self.state.step == 0:
+                self._evaluate(eval_fn, logger)   # in the try: stopped here, the line says what this run left
+            self.save_clock.saved()   # log.save_minutes count training, not loading and a first evaluation
             with self.interrupts.watch(), progress_bar(self.acc.is_main_process, total, self.state.step,
                                                        self.config.algorithm, shows="reward",
                                                        bar=self.config.log.progress) as advance:
