@@ -415,6 +415,12 @@ def test_a_step_count_past_the_bound_is_refused_naming_the_key(tmp_path, overrid
     assert needle in str(info.value) and str(path) in str(info.value)
 
 
+def test_epochs_past_the_bound_are_not_refused_when_max_steps_sets_the_steps(tmp_path):
+    """optim.epochs is read only with optim.max_steps=0, but it was checked against the bound always."""
+    config = load_config(SFTConfig, _yaml(tmp_path, GOOD), ["optim.max_steps=5", "optim.epochs=1e20"])
+    assert (config.optim.max_steps, config.optim.epochs) == (5, 1e20)
+
+
 def test_rl_steps_past_the_bound_are_refused_naming_the_key(tmp_path):
     from dgpo_edge.train.rl.config import load_rl_config
 

@@ -444,7 +444,8 @@ def test_plain_progress_lines_come_after_the_first_step_every_30_s_and_at_the_en
 
 @pytest.mark.parametrize("bar", [True, False])
 def test_a_run_whose_output_is_no_terminal_prints_progress_lines(toy, tmp_path, capsys, bar):
-    """log.progress=false (as bench scripts run) or output to a file: no progress at all."""
+    """log.progress=false (as bench scripts run) or output to a file (stderr is no terminal under pytest):
+    plain progress lines after the first step and at the last; it printed no progress at all."""
     config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
                           log={"every": 1, "tensorboard": False, "progress": bar})
     _sft(config)

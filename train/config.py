@@ -121,7 +121,7 @@ class LogSection:
     tensorboard: bool = True     # out_dir/tb
     wandb: bool = False          # Weights & Biases, only when asked (and installed)
     wandb_project: str = "dgpo-edge"
-    progress: bool = True        # rich progress bar on the main process
+    progress: bool = True        # the main process's rich progress bar on a terminal; false, or off one: plain lines
 
 
 @dataclass
@@ -472,7 +472,7 @@ def validate(config: Any, path: Path | str) -> None:
     if o.max_steps < 0 or (o.max_steps == 0 and not o.epochs > 0):
         bad("optim.max_steps", "must be > 0, or optim.epochs > 0")
     validate_steps("optim.max_steps", o.max_steps, bad)
-    if o.epochs > MAX_STEPS:   # each epoch is at least one step (the trainer checks the product)
+    if o.max_steps == 0 and o.epochs > MAX_STEPS:   # each epoch is at least one step (the trainer checks the product)
         bad("optim.epochs", f"must be at most {MAX_STEPS:,}, got {o.epochs:g}")
     if o.grad_clip < 0:
         bad("optim.grad_clip", "must be >= 0")
