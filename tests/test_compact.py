@@ -304,8 +304,8 @@ def test_the_encoder_recorded_is_the_one_that_made_the_vectors(synthetic, tmp_pa
     with pytest.raises(InputError, match=r"encoder 'all-MiniLM-L6-v2' has dim 384 but the index vectors have "
                                          r"dim 64; pass --encoder"):
         compact(synthetic[0], synthetic[1], tmp_path / "other", pq=16, encoder="minilm-int8")
-    with pytest.raises(InputError, match="unknown encoder 'e5'"):
-        compact(flat, jsonl, tmp_path / "other", pq=16, encoder="e5")
+    with pytest.raises(InputError, match="unknown encoder 'e5'; known encoders: 'e5-base-v2', 'minilm-int8'"):
+        compact(flat, jsonl, tmp_path / "other", pq=16, encoder="e5")   # the default was not listed
     assert not (tmp_path / "other").exists()
 
 

@@ -234,7 +234,7 @@ def compact_encoder(encoder: str | Path | EncoderSpec | None = None) -> EncoderS
         return default_encoder()
     from .encoders import encoder_spec
 
-    return encoder_spec(encoder)
+    return encoder_spec(encoder, also_known=(E5_NAME,))   # its refusal lists the default too
 
 
 def _check_encoder_dim(spec: EncoderSpec, dim: int, flat_path: Path) -> None:

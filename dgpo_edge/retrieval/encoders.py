@@ -402,17 +402,18 @@ class HFMeanPoolEncoder(_TorchMeanPool):
 # --------------------------------------------------------------------------- choosing one
 
 
-def _known() -> str:
-    return ", ".join(repr(k) for k in KNOWN_ENCODERS) + ", or the path of a local model directory"
+def _known(also: tuple[str, ...] = ()) -> str:
+    return ", ".join(repr(k) for k in (*also, *KNOWN_ENCODERS)) + ", or the path of a local model directory"
 
 
-def load_encoder(spec: str | Path, threads: int | None = None) -> Encoder:
+def load_encoder(spec: str | Path, threads: int | None = None, also_known: tuple[str, ...] = ()) -> Encoder:
     """An encoder by name or local path.
 
     "minilm-int8" → MiniLMOnnx; "minilm" → MiniLMTorch; "all-MiniLM-L6-v2" →
     MiniLMOnnx when onnxruntime and the int8 model are installed, else
     MiniLMTorch; an existing directory (or a hub id already in the local HF
-    cache) → HFMeanPoolEncoder. Anything else raises InputError.
+    cache) → HFMeanPoolEncoder. Anything else raises InputError, listing the known names, with
+    `also_known` (names a caller handles before this one, as `index compact` does e5-base-v2) first.
     """
     s = str(spec)
     variant = _minilm_variant(s)
@@ -424,24 +425,26 @@ def load_encoder(spec: str | Path, threads: int | None = None) -> Encoder:
         except InputError as e:
             if Path(s).expanduser().is_dir():
                 raise
-            raise InputError(f"{e.message}; known encoders: {_known()}") from None
+            raise InputError(f"{e.message}; known encoders: {_known(also_known)}") from None
     p = Path(s).expanduser()
     if p.exists():
         raise InputError(f"expected a model directory or an encoder name, got a file; known encoders: "
-                         f"{_known()}", p)
+                         f"{_known(also_known)}", p)
     if "/" in s or os.sep in s or s.startswith((".", "~")):
-        raise InputError(f"no such model directory; known encoders: {_known()}", p)
-    raise InputError(f"unknown encoder {s!r}; known encoders: {_known()}")
+        raise InputError(f"no such model directory; known encoders: {_known(also_known)}", p)
+    raise InputError(f"unknown encoder {s!r}; known encoders: {_known(also_known)}")
 
 
-def encoder_spec(spec: str | Path, threads: int | None = None) -> EncoderSpec:
+def encoder_spec(spec: str | Path, threads: int | None = None, also_known: tuple[str, ...] = ()) -> EncoderSpec:
     """The spec `load_encoder(spec)` gives, for vectors made elsewhere (`index compact --encoder`).
 
     The MiniLM names need no model loaded, nor its runtime installed: compacting touches no
     text. A model directory is loaded (torch), as only the model says its dimension.
     """
     variant = _minilm_variant(str(spec))
-    return minilm_spec(variant) if variant is not None else load_encoder(spec, threads=threads).spec
+    if variant is not None:
+        return minilm_spec(variant)
+    return load_encoder(spec, threads=threads, also_known=also_known).spec
 
 
 def encoder_for_index(spec: EncoderSpec, threads: int | None = None,
