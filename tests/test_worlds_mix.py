@@ -287,6 +287,19 @@ def test_an_edited_world_is_refused(worlds: Path, tmp_path: Path):
     assert_one_line_error(result, "train.jsonl", "does not match", "data build elements --seed 0")
 
 
+def test_an_edited_world_built_with_options_is_refused_with_its_own_build_command(tmp_path: Path):
+    """The rebuild hint said `data build club --seed 0 --out DIR` for a world built with
+    `--oracle-search asked`: that command builds another world (title searches), which the mixture
+    would then take for this one."""
+    wdir = tmp_path / "w"
+    registry.build("club", wdir / "club", seed=0, size=12, oracle_search="asked")
+    with (wdir / "club" / "train.jsonl").open("a") as f:
+        f.write("\n")
+    result = invoke("data", "mix", "--world", "club=1", "--worlds-dir", wdir, "--out", tmp_path / "m")
+    assert_one_line_error(result, "train.jsonl", "does not match",
+                          f"data build club --seed 0 --oracle-search asked --out {wdir / 'club'}")
+
+
 def test_keep_keeps_the_same_mixture_and_refuses_another(mix: Path, worlds: Path, tmp_path: Path):
     # bench/worlds_loo.sh mixes with --keep on every run: a finished mixture is kept untouched, and one
     # of other weights is refused rather than silently reused under runs trained on it

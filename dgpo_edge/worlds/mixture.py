@@ -148,8 +148,16 @@ def ensure_world(name: str, folder: Path, seed: int, say: Callable[[str], None])
                          f"own folder, WORLDS_DIR/NAME or WORLDS_DIR/NAME@SEED", folder)
     if (path := _changed_file(folder, manifest)) is not None:
         raise InputError(f"does not match {manifest_path} (rebuild the world with "
-                         f"`dgpo-edge data build {world} --seed {seed} --out {folder}`)", path)
+                         f"`{rebuild_command(world, manifest, seed, folder)}`)", path)
     return manifest
+
+
+def rebuild_command(world: str, manifest: dict, seed: int, folder: Path) -> str:
+    """The `data build` that makes again the world `manifest` records: its own seed (else `seed`) and
+    build options (`--oracle-search asked`: without it the rebuild is another world)."""
+    its_seed = manifest.get("seed")
+    options = "".join(f" --{key.replace('_', '-')} {value}" for key, value in built_with(manifest).items())
+    return f"dgpo-edge data build {world} --seed {its_seed if isinstance(its_seed, int) else seed}{options} --out {folder}"
 
 
 def _changed_file(folder: Path, manifest: dict) -> Path | None:
