@@ -8,7 +8,7 @@ title: "Sholto Rudd" searched for "Sholto side", a surname the searcher cannot k
 learns to invent), and the share of the train questions whose every search finds that hop's
 evidence in BM25's top 3 over the folder's own corpus (searched again here: the check a build or
 a mixture makes). `oracle_search` is what the world's build recorded (`data build --oracle-search`;
-"default" where it recorded none: notes and club searched titles). Words are BM25's (`fts.query_words`), compared case-insensitively. One JSON
+"default" where it recorded none: notes and club searched titles). Words are BM25's, compared case-insensitively (`fts.unasked_words`). One JSON
 object per folder and world on stdout.
 """
 
@@ -23,16 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from table1 import fail, read_rows  # noqa: E402
 
-from dgpo_edge.fts import BM25Index, query_words  # noqa: E402
+from dgpo_edge.fts import BM25Index, unasked_words  # noqa: E402
 from dgpo_edge.protocol import Passage  # noqa: E402
 
 TOP_K = 3   # the oracle's (worlds.oracle, worlds.mixture)
-
-
-def invented(query: str, question: str) -> list[str]:
-    """The words of `query` the question does not hold (case-insensitive)."""
-    asked = {w.lower() for w in query_words(question)}
-    return [w for w in query_words(query) if w.lower() not in asked]
 
 
 def searches(trajectory: dict) -> list[str]:
@@ -63,7 +57,7 @@ def report(folder: Path) -> list[dict]:
         row = train[t["id"]]
         world, first = world_of(row), searches(t)[:1]
         kept[world] += 1
-        invents[world] += bool(first and invented(first[0], row["question"]))
+        invents[world] += bool(first and unasked_words(first[0], row["question"]))
         hit[world] += hits(t, row["evidence"], index)
     searched = {w: (manifest.get("worlds", {}).get(w) or manifest).get("oracle_search", "default")
                 for w in questions}

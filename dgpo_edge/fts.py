@@ -51,6 +51,13 @@ def query_words(text: str) -> list[str]:
     return _QUERY_WORD.findall(text)
 
 
+def unasked_words(text: str, question: str) -> list[str]:
+    """The words of `text` (a search, a think) that `question` does not hold, case-insensitively, in
+    order: what an oracle's search invents ("Rudd" of "Sholto Rudd" for "Sholto side")."""
+    asked = {w.lower() for w in query_words(question)}
+    return [w for w in query_words(text) if w.lower() not in asked]
+
+
 def match_expression(query: str) -> str | None:
     """The query's words, quoted and OR-ed (None when it has none).
 

@@ -22,7 +22,7 @@ import pytest
 
 from dgpo_edge import jsonio, protocol
 from dgpo_edge.errors import InputError
-from dgpo_edge.fts import BM25Index, query_words
+from dgpo_edge.fts import BM25Index, unasked_words
 from dgpo_edge.metrics import normalize_answer
 from dgpo_edge.protocol import Passage
 from dgpo_edge.transcript import Transcript
@@ -189,11 +189,6 @@ def test_oracle_searches_retrieve_the_evidence(built):
             assert q["evidence"][hop] in {p.id for p in index.search(info.query, k=3)}, (row["id"], hop)
 
 
-def _unasked(text: str, question: str) -> set[str]:
-    """The words of `text` (as BM25 reads them) that `question` does not hold, case-insensitively."""
-    return {w.lower() for w in query_words(text)} - {w.lower() for w in query_words(question)}
-
-
 def test_an_asked_oracle_searches_first_with_the_questions_own_words(built):
     """`--oracle-search asked`: the first search and its think hold only words of the question (the
     default searches the note's title, "Sholto Rudd" for "Sholto side"); every question whose
@@ -205,9 +200,10 @@ def test_an_asked_oracle_searches_first_with_the_questions_own_words(built):
     for row in built.oracle:
         question = train[row["id"]]["question"]
         think, search = row["segments"][0]["text"].split("</think>")
-        unasked.append(_unasked(search.replace("<search>", "").replace("</search>", ""), question))
+        unasked.append(unasked_words(search.replace("<search>", "").replace("</search>", ""), question))
         if built.search == "asked":
-            assert not unasked[-1] and not _unasked(think, question) - {"think", "i", "need", "the", "note", "on"}, row
+            thought = {w.lower() for w in unasked_words(think, question)}
+            assert not unasked[-1] and not thought - {"think", "i", "need", "the", "note", "on"}, row
     if built.search is None:   # what the option is for: the title's surname, not in the question
         assert sum(map(bool, unasked)) > 0.2 * len(unasked)
         return

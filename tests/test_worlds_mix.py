@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dgpo_edge import protocol
-from dgpo_edge.fts import BM25Index, query_words
+from dgpo_edge.fts import BM25Index, unasked_words
 from dgpo_edge.jsonio import file_digest
 from dgpo_edge.metrics import normalize_answer
 from dgpo_edge.protocol import Passage
@@ -628,7 +628,7 @@ def test_worlds_built_with_an_asked_oracle_are_mixed_as_such(worlds: Path, tmp_p
         if q["world"] == "elements":
             continue
         first = next(seg for seg in row["segments"] if seg["kind"] == "information")["query"]
-        assert {w.lower() for w in query_words(first)} <= {w.lower() for w in query_words(q["question"])}, row
+        assert not unasked_words(first, q["question"]), row
         assert q["evidence"][0] in {p.id for p in index.search(first, k=3)}
         firsts += 1
     assert firsts and all(stats["worlds"][n]["oracle_hit_share"] >= 0.9 for n in ("club", "notes", "notes@2"))
