@@ -177,7 +177,7 @@ class Trainer:
             if self.eval_fn and self.config.eval.at_start and self.state.step == 0:
                 self._evaluate(logger)   # in the try: stopped here, the line says what this run left
             self.save_clock.saved()   # log.save_minutes count training, not loading and a first evaluation
-            self._window = window = self._first_window()
+            self._window = window = self._new_window(self.state.window)
             with self.interrupts.watch(), progress_bar(self.acc.is_main_process, self.total_steps, start_step,
                                                        self.config.stage, bar=self.config.log.progress) as advance:
                 while self.state.step < self.total_steps:
@@ -193,8 +193,7 @@ class Trainer:
                     advance(stats["loss"])
                     if self.state.step % self.config.log.every == 0 or self.state.step == self.total_steps:
                         logger.train_row(self._train_row(window, stats), TRAIN_COLUMNS)
-                        self._window = window = {"loss": 0.0, "n": 0, "tokens": 0, "loss_tokens": 0,
-                                                 "t0": time.perf_counter()}
+                        self._window = window = self._new_window({})
                     self._after_step(logger)
                     if self.on_step:
                         self.on_step(self.state.step, stats)
@@ -207,9 +206,10 @@ class Trainer:
         self.acc.end_training()  # the process group, under a distributed launch
         return self._summary()
 
-    def _first_window(self) -> dict:
-        """The metric window the loop starts with: a resumed run's steps since its last row, else none."""
-        saved = self.state.window
+    @staticmethod
+    def _new_window(saved: dict) -> dict:
+        """A metric window: the steps since the last metric row that `saved` (a resumed run's
+        TrainState.window) holds, or none ({}: at the start, and after each row)."""
         return {"loss": saved.get("loss", 0.0), "n": saved.get("n", 0), "tokens": saved.get("tokens", 0),
                 "loss_tokens": saved.get("loss_tokens", 0), "t0": time.perf_counter() - saved.get("seconds", 0.0)}
 
