@@ -634,3 +634,25 @@ def test_worlds_built_with_an_asked_oracle_are_mixed_as_such(worlds: Path, tmp_p
     assert firsts and all(stats["worlds"][n]["oracle_hit_share"] >= 0.9 for n in ("club", "notes", "notes@2"))
     registry.build("notes", wdir / "notes", seed=0, size=24)   # the default oracle: other files
     assert_one_line_error(invoke(*args), "was mixed from another build of world notes")
+
+
+def test_shares_and_keep_do_not_depend_on_the_order_the_worlds_are_named_in(mix: Path, worlds: Path, tmp_path: Path):
+    """A plain sum of 0.1 + 0.2 + 0.7 is 1.0 and of 0.7 + 0.2 + 0.1 is 0.9999999999999999, so shares
+    summed in the order given differed in their last bit from those of the manifest (names sorted),
+    and bench/worlds_loo.sh's `--keep` refused the very mixture it had made (as it did for the
+    shipped weights with club)."""
+    from dgpo_edge.worlds.mixture import shares
+
+    assert shares({"cities": 0.1, "dictionary": 0.2, "elements": 0.7}) == \
+        shares({"elements": 0.7, "dictionary": 0.2, "cities": 0.1})
+    weights = [("elements", 0.7), ("dictionary", 0.2), ("cities", 0.1)]   # not sorted, and unequal sums
+    named = [a for n, w in weights for a in ("--world", f"{n}={w}")]
+    base = ["data", "mix", "--worlds-dir", worlds, "--out", tmp_path / "m", "--hold-out", "notes"]
+    assert invoke(*base, *named).exit_code == 0
+    result = invoke(*base, *named, "--keep")
+    assert result.exit_code == 0 and "kept" in result.flat, result.output
+    backwards = [a for n, w in reversed(weights) for a in ("--world", f"{n}={w}")]
+    result = invoke(*base[:5], tmp_path / "b", *base[6:], *backwards)
+    assert result.exit_code == 0, result.output
+    for f in ("train", "dev", "test", "oracle"):   # the same mixture whatever the order
+        assert (tmp_path / "b" / f"{f}.jsonl").read_bytes() == (tmp_path / "m" / f"{f}.jsonl").read_bytes()
