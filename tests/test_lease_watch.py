@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,3 +62,27 @@ def test_a_watch_of_whole_seconds_only(tmp_path):
     done = subprocess.run(["bash", str(tree / "bench" / "lease" / "watch.sh"), "5m"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and done.stderr.strip() == "error: SECONDS '5m': whole seconds"
+
+
+def test_a_watch_cut_short_has_already_left_the_results_it_waited_on(tmp_path):
+    """Near a lease's end a call's limit is the device time left, below the watch's SECONDS: the call is
+    killed and returns only what is under $OUT by then. The wait brings the results every 60 s, so a
+    cut call still returns the rows written while it waited (before, results.tgz came only at the end)."""
+    tree = _watch_copy(tmp_path)
+    (tree / "out" / "worlds-eval").mkdir(parents=True)
+    (tree / "out" / "worlds-eval" / "notes.jsonl").write_text('{"method": "kd-24l@notes-out-club_asked"}\n')
+    returned = tmp_path / "returned"
+    returned.mkdir()
+    watch = subprocess.Popen(["bash", str(tree / "bench" / "lease" / "watch.sh"), "300"], stdout=subprocess.DEVNULL,
+                             env={**os.environ, "OUT": str(returned)}, start_new_session=True)
+    try:
+        for _ in range(100):   # the first bring is at once; give it up to 10 s
+            if (returned / "results.tgz").exists():
+                break
+            time.sleep(0.1)
+    finally:
+        os.killpg(watch.pid, 9)   # the call's limit: killed, not asked to stop
+        watch.wait()
+    assert [p.name for p in returned.iterdir()] == ["results.tgz"]
+    with tarfile.open(returned / "results.tgz") as tgz:
+        assert "results/worlds-eval.notes.jsonl" in tgz.getnames()

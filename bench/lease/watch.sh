@@ -17,8 +17,22 @@
 cd "$(dirname "$0")/../.." || exit 1
 wait_s=${1:?usage: bench/lease/watch.sh SECONDS}
 [[ $wait_s =~ ^[0-9]+$ ]] || { echo "error: SECONDS '$wait_s': whole seconds" >&2; exit 2; }
+# The results are also brought every 60 s while waiting: a call cut short (its limit is the device
+# time left, less than SECONDS near a lease's end) returns what is under $OUT, and so the latest results.
+bring_results() {  # $OUT/results.tgz made anew (written beside it, then renamed: a call cut mid-write keeps the last)
+  [ -n "${OUT:-}" ] || return 0
+  r=$(mktemp -d)/results; mkdir -p "$r"
+  cp out/eval/*.jsonl out/results/*.json out/results/*.jsonl out/results/*.log out/bench-rl-cost/results.json "$r/" 2>/dev/null
+  for f in out/worlds-eval/*.jsonl; do [ -f "$f" ] && cp "$f" "$r/worlds-eval.$(basename "$f")"; done
+  for d in out/runs/* out/bench-rl-cost/run-*; do
+    for f in metrics.csv eval.csv report.jsonl summary.json; do [ -f "$d/$f" ] && cp "$d/$f" "$r/$(basename "$d").$f"; done
+  done
+  tar czf "$OUT/.results.tgz" -C "$(dirname "$r")" results && mv "$OUT/.results.tgz" "$OUT/results.tgz"
+  rm -rf "$(dirname "$r")"
+}
 for (( left = 10#$wait_s; left > 0; left -= 5 )); do
   [ -e out/logs/lease.done ] && { echo "the lease's work is done (out/logs/lease.done)"; break; }
+  (( (10#$wait_s - left) % 60 != 0 )) || bring_results
   sleep $(( left < 5 ? left : 5 ))
 done
 date; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
@@ -29,13 +43,7 @@ for f in out/logs/rl-*.log out/logs/worlds-*.log out/results/*.log; do [ -f "$f"
 for f in $(grep -l "^Traceback" out/logs/*.log out/results/*.log 2>/dev/null | grep -v "\.oom[0-9]*\.log$"); do
   echo "!! $f: $(grep -E "^[A-Za-z_.]+(Error|Exception)" "$f" | tail -n 1 | cut -c1-200)"; done
 [ -n "${OUT:-}" ] || exit 0
-r=$(mktemp -d)/results; mkdir -p "$r"
-cp out/eval/*.jsonl out/results/*.json out/results/*.jsonl out/results/*.log out/bench-rl-cost/results.json "$r/" 2>/dev/null
-for f in out/worlds-eval/*.jsonl; do [ -f "$f" ] && cp "$f" "$r/worlds-eval.$(basename "$f")"; done
-for d in out/runs/* out/bench-rl-cost/run-*; do
-  for f in metrics.csv eval.csv report.jsonl summary.json; do [ -f "$d/$f" ] && cp "$d/$f" "$r/$(basename "$d").$f"; done
-done
-tar czf "$OUT/results.tgz" -C "$(dirname "$r")" results
+bring_results
 # KD adapters that bench/worlds_loo.sh PACK=1 left in out/pack, one file each: a 24-layer LoRA r=32 is about
 # 15 MiB; a 30-layer one (about 18.6 MiB) is over a call's 16 MiB limit and would not come back.
 # The file's name keeps only letters, digits, '.', '_' and '-': a device call leaves out a file named
