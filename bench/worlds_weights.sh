@@ -16,3 +16,6 @@ CATALOG_WEIGHTS="$SHIPPED_WEIGHTS catalog=0.1"
 # out still test notes never seen while searching a person's linked notes stays in training. Measured on 2026-12-01
 # (docs/worlds.md, "Club in the mixture"): it did not carry (KD student on held-out notes 0.156, 0.188 without club).
 CLUB_WEIGHTS="$SHIPPED_WEIGHTS club=0.1"
+# Club built with `data build club --oracle-search asked` (into WORLDS_DIR=out/worlds-asked) under these same
+# weights: measured on 2026-12-02 (docs/worlds.md, "Club built `asked`"): no club surnames in the searches
+# over held-out notes any more, and the KD student still misreads them (0.133 and 0.115, 0.115 with club's default oracle).
