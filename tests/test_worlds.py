@@ -237,15 +237,16 @@ def test_a_question_no_asked_query_finds_the_note_of_gets_no_oracle():
 
 def test_default_oracle_is_what_it_was_before_oracle_search(tmp_path):
     """Without --oracle-search, notes and club write every file byte for byte as before the option
-    (seed 3, 30 people or members): worlds built before it, and the mixtures of them, stay valid."""
+    (seed 3, 30 people or members): worlds built before it, and the mixtures of them, stay valid.
+    manifest.json has changed since by `"size": 30` after the seed (a size is recorded, as the option)."""
     pinned = {"notes": {"corpus.jsonl": "0debcceb1333ef9f", "train.jsonl": "3c770517ace6dd31",
                         "dev.jsonl": "d4c4c35621918512", "test.jsonl": "e861351af2f73abf",
                         "oracle.jsonl": "ad4e917f6d84f9e9", "stats.json": "39110dae9d68c82d",
-                        "manifest.json": "1a237117f0f987bf"},
+                        "manifest.json": "63cd460404ddfa1d"},
               "club": {"corpus.jsonl": "d5ec334783dd61fd", "train.jsonl": "acf6b760acd6b07c",
                        "dev.jsonl": "e94f0d82f365c4fe", "test.jsonl": "c6883e773c8093d8",
                        "oracle.jsonl": "5dd8923b34783a78", "stats.json": "7a91f3d23011a82f",
-                       "manifest.json": "8ef156db34f59439"}}
+                       "manifest.json": "17f4c13602fa9c83"}}
     for name, digests in pinned.items():
         registry.build(name, tmp_path / name, seed=3, size=30)
         assert {f: _sha256(tmp_path / name / f)[:16] for f in digests} == digests, name
@@ -254,6 +255,22 @@ def test_default_oracle_is_what_it_was_before_oracle_search(tmp_path):
         for f in ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl"):
             assert _sha256(tmp_path / f"{name}-asked" / f)[:16] == digests[f], (name, f)
         assert asked["oracle_search"] == "asked"
+
+
+def test_default_builds_record_no_option_and_are_what_they_were(tmp_path):
+    """A world's manifest records the build options that change its files (--size, --holdout,
+    --oracle-search), each only when not its default: a default build's manifest and stats are byte
+    for byte what they were before the size was recorded (digests pinned), and so are those of a
+    build that names the defaults (--size 118 is every element)."""
+    pinned = {"stats.json": "c5ffa1adbbe8d55e", "manifest.json": "c7f72d8786e5334e"}
+    registry.build("elements", tmp_path / "default")
+    registry.build("elements", tmp_path / "named", size=118, holdout=0.15)
+    for folder in ("default", "named"):
+        assert {f: _sha256(tmp_path / folder / f)[:16] for f in pinned} == pinned, folder
+    registry.build("elements", tmp_path / "other", size=30, holdout=0.2)
+    manifest = json.loads((tmp_path / "other" / "manifest.json").read_text(encoding="utf-8"))
+    assert list(manifest)[3:6] == ["seed", "size", "holdout"] and (manifest["size"], manifest["holdout"]) == (30, 0.2)
+    assert "size" not in json.loads((tmp_path / "other" / "stats.json").read_text(encoding="utf-8"))
 
 
 # ------------------------------------------------------------------- notes

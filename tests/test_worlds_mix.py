@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -297,7 +299,36 @@ def test_an_edited_world_built_with_options_is_refused_with_its_own_build_comman
         f.write("\n")
     result = invoke("data", "mix", "--world", "club=1", "--worlds-dir", wdir, "--out", tmp_path / "m")
     assert_one_line_error(result, "train.jsonl", "does not match",
-                          f"data build club --seed 0 --oracle-search asked --out {wdir / 'club'}")
+                          f"data build club --seed 0 --size 12 --oracle-search asked --out {wdir / 'club'}")
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("world, options, needles", [
+    ("records", {"seed": 0, "size": 40}, ["--seed 0 --size 40 --out"]),
+    ("notes", {"seed": 2, "size": 12, "holdout": 0.2, "as_folder": True},
+     ["--seed 2 --size 12 --holdout 0.2 --as-folder --out"]),
+])
+def test_the_rebuild_hint_for_an_edited_sized_world_builds_it_again_byte_for_byte(tmp_path: Path, world, options,
+                                                                                   needles):
+    """The manifest recorded no --size (nor --holdout), so the hint for an edited `records --size 40`
+    said `data build records --seed 0 --out DIR`: 360 records, another world, which the mixture would
+    then have taken for this one. And a notes world built --as-folder lost its notes/ to the hinted rebuild."""
+    wdir = tmp_path / "w"
+    registry.build(world, wdir / world, **options)
+    before = _tree(wdir / world)
+    with (wdir / world / "train.jsonl").open("a") as f:
+        f.write("\n")
+    mix = ("data", "mix", "--world", f"{world}=1", "--worlds-dir", wdir, "--out", tmp_path / "m")
+    line = assert_one_line_error(invoke(*mix), "train.jsonl", "does not match", *needles)
+    command = shlex.split(re.search(r"`(dgpo-edge data build [^`]+)`", line).group(1))
+    assert command[-2:] == ["--out", str(wdir / world)]
+    result = invoke(*command[1:], "--samples", 0)
+    assert result.exit_code == 0, result.output
+    assert _tree(wdir / world) == before
+    assert invoke(*mix).exit_code == 0
 
 
 def test_keep_keeps_the_same_mixture_and_refuses_another(mix: Path, worlds: Path, tmp_path: Path):

@@ -95,10 +95,12 @@ def build(
     world: str = typer.Argument(..., help="World name; `dgpo-edge data worlds` lists them."),
     out: Path = typer.Option(..., "--out", help="Directory to write corpus, splits, oracle and stats into."),
     seed: int = typer.Option(0, help="Seed for sampling, phrasing and splits (same seed, same files)."),
-    holdout: float = typer.Option(0.15, min=0.01, max=0.49, help="Share of entities held out for dev, and again for test."),
+    holdout: float = typer.Option(0.15, min=0.01, max=0.49, help="Share of entities held out for dev, and again for "
+                                                                 "test. Recorded in manifest.json when not 0.15."),
     size: int = typer.Option(None, help="Build a smaller (or, for records and catalog, larger) world: how many "
                                         "elements, cities, headwords, people, members, records or cards (worlds "
-                                        "that have a size; see `data worlds`)."),
+                                        "that have a size; see `data worlds`). Recorded in manifest.json when "
+                                        "not the world's default."),
     as_folder: bool = typer.Option(False, "--as-folder", help="notes, club: also write the notes as Markdown files "
                                                                "under OUT/notes/ (for `index build OUT/notes`)."),
     oracle_search: str = typer.Option(None, "--oracle-search",

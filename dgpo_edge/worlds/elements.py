@@ -20,7 +20,7 @@ from ..errors import InputError
 from .base import Question, WorldPassage, pack
 from .facts import Fact, Relation, bridge_question, comparison_question, fact_question
 from .phrasing import Phraser
-from .pipeline import WorldSpec, assign_splits, build_world, check_holdout
+from .pipeline import WorldSpec, assign_splits, build_options, build_world, check_holdout
 from .source import package_file
 
 MENDELEEV_VERSION = "1.3.0"
@@ -183,6 +183,7 @@ def build_elements(out: str | Path, seed: int = 0, holdout: float = 0.15, size: 
     elements = load_elements()
     if size is not None and size > len(elements):   # not a silent 118 for --size 500
         raise InputError(f"--size for elements counts elements: at most {len(elements)}, got {size}")
+    options = build_options(holdout, size, len(elements))   # --size 118 is every element: the default
     elements = elements[:size]
     passages, facts = [], {}
     for e in elements:
@@ -191,4 +192,4 @@ def build_elements(out: str | Path, seed: int = 0, holdout: float = 0.15, size: 
         facts[e["symbol"]] = element_facts(e, where)
     say(f"generating questions from {len(elements)} elements")
     split_of = assign_splits([e["symbol"] for e in elements], seed, holdout)
-    return build_world(out, SPEC, passages, questions(elements, facts, seed), split_of, seed, say)
+    return build_world(out, SPEC, passages, questions(elements, facts, seed), split_of, seed, say, options)

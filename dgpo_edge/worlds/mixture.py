@@ -21,6 +21,7 @@ import json
 import math
 import random
 import re
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -153,11 +154,16 @@ def ensure_world(name: str, folder: Path, seed: int, say: Callable[[str], None])
 
 
 def rebuild_command(world: str, manifest: dict, seed: int, folder: Path) -> str:
-    """The `data build` that makes again the world `manifest` records: its own seed (else `seed`) and
-    build options (`--oracle-search asked`: without it the rebuild is another world)."""
+    """The `data build` that makes again, byte for byte, the world `manifest` records: its own seed
+    (else `seed`) and build options (`--size 24`, `--oracle-search asked`: without one the rebuild
+    is another world, which the mixture would then take for this one), and `--as-folder` where the
+    folder holds the notes/ that writes: the rebuild replaces the folder whole."""
     its_seed = manifest.get("seed")
     options = "".join(f" --{key.replace('_', '-')} {value}" for key, value in built_with(manifest).items())
-    return f"dgpo-edge data build {world} --seed {its_seed if isinstance(its_seed, int) else seed}{options} --out {folder}"
+    if registry.get(world).folder and (folder / "notes").is_dir():
+        options += " --as-folder"
+    return (f"dgpo-edge data build {world} --seed {its_seed if isinstance(its_seed, int) else seed}{options} "
+            f"--out {shlex.quote(str(folder))}")
 
 
 def _changed_file(folder: Path, manifest: dict) -> Path | None:
@@ -486,8 +492,8 @@ def _oracles(train: list[dict], worlds: list[WorldData], corpus: list[dict],
 
 
 def built_with(manifest: dict) -> dict:
-    """The build options a world's manifest records (`{"oracle_search": "asked"}`; none for a default
-    build, so a mixture of default builds stays byte for byte what it was before the options)."""
+    """The build options a world's manifest records (`{"size": 24, "oracle_search": "asked"}`; none for
+    a default build, so a mixture of default builds stays byte for byte what it was before the options)."""
     return {k: manifest[k] for k in OPTIONS if k in manifest}
 
 

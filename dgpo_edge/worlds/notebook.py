@@ -29,7 +29,7 @@ from ..errors import InputError
 from ..fts import query_words
 from .base import Question, Step, WorldPassage
 from .phrasing import Phraser
-from .pipeline import WorldSpec, assign_splits, build_world, check_holdout
+from .pipeline import WorldSpec, assign_splits, build_options, build_world, check_holdout
 
 ORACLE_SEARCHES = ("title", "asked")   # the first is the default, the worlds' oracle before the option
 ASKED_MISSED = "oracle_question_words_missed_note"   # stats.json's drop reason for an `asked` first hop
@@ -191,7 +191,8 @@ def build_notebook(world: NoteWorld, out: str | Path, seed: int = 0, holdout: fl
     candidates = world.questions(Asker(w, notes, pid, Phraser(seed, world.spec.kind), world.facts, world.chains,
                                        oracle_search))
     split_of = assign_splits({n.key for n in notes.values()}, seed, holdout)
-    options = {} if oracle_search == ORACLE_SEARCHES[0] else {"oracle_search": oracle_search}
+    options = build_options(holdout, size, world.default,
+                            None if oracle_search == ORACLE_SEARCHES[0] else oracle_search)
     stats = build_world(out, world.spec, passages, candidates, split_of, seed, say, options)
     if as_folder:
         for n in notes.values():

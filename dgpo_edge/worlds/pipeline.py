@@ -26,7 +26,11 @@ from .base import Question, Step
 from .oracle import oracle_trajectory
 
 SPLITS = ("train", "dev", "test")
-OPTIONS = ("oracle_search",)   # build options a world's manifest records when not the default (build_world)
+HOLDOUT = 0.15   # the share of entities held out for dev, and again for test, unless --holdout says otherwise
+# the build options that change a world's files, in the order its manifest records them, each only
+# when not its default (build_options); `data mix`'s rebuild hint gives them back to `data build`
+OPTIONS = ("size", "holdout", "oracle_search")
+STATS_OPTIONS = ("oracle_search",)   # those stats.json records too (size and holdout: manifest.json alone)
 FILES = ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl", "oracle.jsonl", "stats.json")
 
 
@@ -115,13 +119,25 @@ def oracles(train: list[Question], passages, dropped: Counter[str]) -> list[dict
     return [traj for q in train if (traj := oracle_trajectory(q, index, dropped=dropped)) is not None]
 
 
+def build_options(holdout: float, size: int | None = None, default_size: int | None = None,
+                  oracle_search: str | None = None) -> dict:
+    """The options a world's manifest records: those given other than their default (a `size` equal to
+    the world's `default_size` builds the default world), so that a default build's manifest stays byte
+    for byte what it was before they were recorded. `oracle_search`: None for the default."""
+    given = {"size": None if size == default_size else size, "holdout": None if holdout == HOLDOUT else holdout,
+             "oracle_search": oracle_search}
+    return {key: given[key] for key in OPTIONS if given[key] is not None}
+
+
 def build_world(out: str | Path, spec: WorldSpec, passages: list, candidates: list[Question],
                 split_of: dict[str, str], seed: int,
                 say: Callable[[str], None] = lambda msg: None, options: dict | None = None) -> dict:
     """Verify, split, write oracle trajectories and every file; returns stats.json's content.
-    `options`: build options other than the defaults (`{"oracle_search": "asked"}`), recorded in
-    stats.json (after "seed") and manifest.json, so that a reader or a mixture can tell such a
-    build from a default one, whose files stay byte for byte what they were before the option."""
+    `options`: build options other than the defaults (build_options), recorded in manifest.json
+    after "seed", so that a reader or a mixture can tell such a build from a default one and
+    `data mix` can hint the command that builds it again. Only `oracle_search` goes into
+    stats.json too (as when it came): a world built with another --size or --holdout writes its
+    stats.json, and so every file the manifest digests, byte for byte as before it was recorded."""
     options = options or {}
     out = Path(out)
     dropped: Counter[str] = Counter()
@@ -206,7 +222,8 @@ def _stats(spec: WorldSpec, passages, splits, split_of, oracle, dropped, seed, o
         }
     total = sum(len(qs) for qs in splits.values())
     multi = sum(1 for qs in splits.values() for q in qs if q.hops > 1)
-    return {"seed": seed, **options, **spec.stats_extra, "passages": len(passages), "questions": total,
+    in_stats = {k: v for k, v in options.items() if k in STATS_OPTIONS}
+    return {"seed": seed, **in_stats, **spec.stats_extra, "passages": len(passages), "questions": total,
             "multi_hop_share": round(multi / max(total, 1), 4), "splits": per,
             "oracle_trajectories": len(oracle), "dropped": dict(sorted(dropped.items()))}
 

@@ -29,7 +29,7 @@ from ..errors import InputError
 from .base import Question, WorldPassage
 from .facts import Fact, Relation, bridge_question, comparison_question, fact_question
 from .phrasing import Phraser
-from .pipeline import WorldSpec, assign_splits, build_world, check_holdout
+from .pipeline import WorldSpec, assign_splits, build_options, build_world, check_holdout
 
 DEFAULT_RECORDS = 360
 MAX_RECORDS = 5000   # names come from 20,360 syllable words, and a build takes about 3 per record
@@ -314,4 +314,5 @@ def build_cards(world: CardWorld, out: str | Path, seed: int = 0, holdout: float
         passages.append(passage(r, str(len(passages)), layout.choice(world.layouts), world))
         fs[r.key] = facts(r, passages[-1].id)
     split_of = assign_splits([r.key for r in records], seed, holdout)
-    return build_world(out, world.spec, passages, questions(records, fs, seed, world), split_of, seed, say)
+    options = build_options(holdout, n, DEFAULT_RECORDS)
+    return build_world(out, world.spec, passages, questions(records, fs, seed, world), split_of, seed, say, options)

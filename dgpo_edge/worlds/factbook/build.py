@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from ..pipeline import FILES, SPLITS, WorldSpec, assign_splits, build_world, check_holdout, place, verified
+from ..pipeline import (FILES, SPLITS, WorldSpec, assign_splits, build_options, build_world, check_holdout, place,
+                        verified)
 from .facts import extract_facts
 from .passages import FactbookPassage, country_passages
 from .questions import Question, World, generate, names_index
@@ -43,7 +44,7 @@ def build_factbook(out: str | Path, seed: int = 0, holdout: float = 0.15,
     say(f"generating questions from {len(facts)} countries")
     candidates = generate(world, seed)
     split_of = assign_splits(sorted(facts), seed, holdout)
-    return build_world(out, SPEC, passages, candidates, split_of, seed, say)
+    return build_world(out, SPEC, passages, candidates, split_of, seed, say, build_options(holdout))
 
 
 def _verified(questions: list[Question], passages: list[FactbookPassage],
