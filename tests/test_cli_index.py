@@ -10,6 +10,7 @@ grows with passage length; the CLI path does not depend on it).
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import shutil
@@ -437,6 +438,42 @@ def test_compact_records_the_encoder_that_made_the_flat_vectors(minilm_flat, tmp
     if Path("/proc").is_dir():   # an --out no folder can be made in: one error line, as for index build
         assert_one_line_error(invoke(*args, "--out", "/proc/x", "--encoder", "minilm-int8"),
                               "/proc/x: cannot be written (")
+
+
+def test_a_compaction_interrupted_while_replacing_an_index(minilm_flat, tmp_path, monkeypatch):
+    """Renames that failed half way through `index compact --overwrite` left files that every rerun
+    refused, --overwrite or not ("no index dgpo-edge wrote"). Now a plain rerun says what happened, in
+    one error line, and the rerun with --overwrite replaces it."""
+    from dgpo_edge.retrieval.compact import compact
+
+    built, corpus = minilm_flat
+    flat, out = built / "vectors.faiss", tmp_path / "idx"
+    args = ("index", "compact", "--flat", flat, "--corpus", corpus, "--out", out, "--encoder", "minilm-int8",
+            "--pq", 16, "--eval-queries", 0, "--threads", 1)
+    assert invoke(*args).exit_code == 0
+    real, calls = os.replace, [0]
+
+    def replace(src, dst, **kw):   # every rename from the manifest's on fails: the disk has gone
+        calls[0] += 1
+        if fail_from and calls[0] >= fail_from:
+            raise OSError(5, "Input/output error")
+        return real(src, dst, **kw)
+
+    monkeypatch.setattr(os, "replace", replace)
+    again = {"encoder": "minilm-int8", "pq": 8, "eval_queries": 0, "overwrite": True}
+    fail_from = 0
+    compact(flat, corpus, out, **again)   # counts the renames: the manifest's is the last
+    fail_from, calls[0] = calls[0], 0
+    with pytest.raises(OSError):
+        compact(flat, corpus, out, **again)
+    monkeypatch.undo()
+    assert not (out / "manifest.json").exists() and (out / "store.sqlite").exists()
+    assert_one_line_error(invoke(*args), str(out), "holds a half-replaced index", "pass --overwrite")
+    result = invoke(*args, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert hits(invoke("index", "search", out, "who paints puffins", "-k", 1, "--kind", "bm25")) == \
+        [("Lighthouse", "n57")]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "store.sqlite", "vectors.faiss"]
 
 
 @pytest.mark.shared

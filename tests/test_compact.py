@@ -13,6 +13,10 @@ room for faiss/BLAS differences: recall@10 >= 0.55 (PQ96x4) and PQ192x4 >= PQ96x
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +27,16 @@ faiss = pytest.importorskip("faiss")
 from dgpo_edge.errors import InputError  # noqa: E402
 from dgpo_edge.retrieval import dense  # noqa: E402
 from dgpo_edge.retrieval.base import EncoderSpec  # noqa: E402
+from dgpo_edge.retrieval.build import verify_files  # noqa: E402
 from dgpo_edge.retrieval.compact import (  # noqa: E402
+    SWAP_MARKER,
     compact,
     file_digest,
     plan_ivfpq,
     read_flat_header,
     valid_pq,
 )
+from dgpo_edge.retrieval.retrievers import open_index  # noqa: E402
 from dgpo_edge.retrieval.store import PassageStore  # noqa: E402
 
 WIKI_N = 21_015_324
@@ -390,3 +397,137 @@ def test_failures_mid_build_leave_nothing(synthetic, tmp_path):
         compact(flat, good, out, pq=16, chunk=500, encoder=TOY, progress=interrupt)
     assert sum(seen) == 3500  # interrupted after the first chunk of vectors
     assert_nothing_left(out, existed=True)
+
+
+# --- an --overwrite interrupted while its files are renamed in ----------------------------------
+
+OLD_PQ, NEW_PQ = 16, 8   # the index replaced and its replacement, told apart by their factories
+
+
+def replaced_index(flat: Path, jsonl: Path, out: Path) -> tuple[str, str]:
+    """A whole index of pq OLD_PQ in `out` (made anew), and the factories of the old and new ones."""
+    shutil.rmtree(out, ignore_errors=True)
+    compact(flat, jsonl, out, pq=OLD_PQ, encoder=TOY, eval_queries=0)
+    return plan_ivfpq(300, 64, pq=OLD_PQ).factory, plan_ivfpq(300, 64, pq=NEW_PQ).factory
+
+
+def replace_with_new(flat: Path, jsonl: Path, out: Path) -> None:
+    compact(flat, jsonl, out, pq=NEW_PQ, encoder=TOY, eval_queries=0, overwrite=True)
+
+
+def interrupted_replace(flat: Path, jsonl: Path, out: Path, monkeypatch, at: int, error: BaseException,
+                        sticky: bool = False) -> tuple[bool, int, str, str]:
+    """A whole old index in `out`, then `replace_with_new` with os.replace raising `error` at its
+    `at`-th call (and after it, `sticky`): (whether it completed, os.replace calls, old and new factories)."""
+    old, new = replaced_index(flat, jsonl, out)
+    real, calls = os.replace, [0]
+
+    def replace(src, dst, **kw):
+        calls[0] += 1
+        if calls[0] == at or (sticky and calls[0] > at):
+            raise error
+        return real(src, dst, **kw)
+
+    monkeypatch.setattr(os, "replace", replace)
+    try:
+        replace_with_new(flat, jsonl, out)
+    except type(error):
+        return False, calls[0], old, new
+    else:
+        return True, calls[0], old, new
+    finally:
+        monkeypatch.undo()
+
+
+def assert_whole_and_searchable(out: Path, flat: Path) -> str:
+    """The index in `out` matches its manifest byte for byte and searches (dense and BM25); its factory."""
+    m = verify_files(out, full=True)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".partial-")) == \
+        ["manifest.json", "store.sqlite", "vectors.faiss"]   # no marker beside a whole index
+    index = faiss.read_index(str(out / "vectors.faiss"))
+    faiss.extract_index_ivf(index).nprobe = 16
+    _, found = index.search(faiss.read_index(str(flat)).reconstruct_n(42, 1), 5)
+    assert 42 in found[0]
+    [[hit]] = open_index(out, kind="bm25").search(["Title 42 passage number 42"], k=1)
+    assert hit.id == "42"
+    return m["params"]["factory"]
+
+
+@pytest.fixture()
+def small(tmp_path: Path) -> tuple[Path, Path]:
+    return (write_flat(tmp_path / "flat.index", clustered(300, 64)),
+            write_corpus(tmp_path / "corpus.jsonl", 300))
+
+
+def test_an_overwrite_interrupted_at_any_rename_leaves_the_old_or_the_new_index(small, tmp_path, monkeypatch):
+    """Ctrl-C between the renames of `compact --overwrite` left store.sqlite and vectors.faiss without
+    a manifest: no index to search, and a rerun refused them, --overwrite or not ("no index dgpo-edge
+    wrote"). Interrupted at each rename in turn, the folder now holds the old index or the new one,
+    whole and searchable, and the rerun replaces it."""
+    flat, jsonl = small
+    out = tmp_path / "idx"
+    seen = set()
+    for at in range(1, 50):
+        done, calls, old, new = interrupted_replace(flat, jsonl, out, monkeypatch, at, KeyboardInterrupt())
+        found = assert_whole_and_searchable(out, flat)
+        assert found in ((new,) if done else (old, new)), at
+        seen.add(found)
+        with pytest.raises(InputError, match="an index already exists here .*pass --overwrite") as e:
+            compact(flat, jsonl, out, pq=NEW_PQ, encoder=TOY, eval_queries=0)
+        assert e.value.path == str(out) and "\n" not in str(e.value)
+        replace_with_new(flat, jsonl, out)
+        assert assert_whole_and_searchable(out, flat) == new
+        if done:
+            break
+    assert done and calls >= 5 and seen == {old, new}   # the store's, the manifest's into .partial, the 3 in
+
+
+def test_renames_that_keep_failing_leave_a_folder_the_rerun_replaces(small, tmp_path, monkeypatch):
+    """Renames failing from one on (a disk gone away) cannot be finished: the marker stays, so the
+    rerun with --overwrite replaces the half-renamed files, and a plain rerun is one error asking for
+    --overwrite (it was replacing an index), not "no index dgpo-edge wrote"."""
+    flat, jsonl = small
+    out = tmp_path / "idx"
+    half = 0
+    for at in range(1, 50):
+        done, _, _, new = interrupted_replace(flat, jsonl, out, monkeypatch, at, OSError(5, "Input/output error"),
+                                              sticky=True)
+        if not (out / "manifest.json").exists():
+            half += 1
+            with pytest.raises(InputError, match=r"holds a half-replaced index .*; pass --overwrite") as e:
+                compact(flat, jsonl, out, pq=NEW_PQ, encoder=TOY, eval_queries=0)
+            assert e.value.path == str(out) and (out / SWAP_MARKER).is_file()
+        replace_with_new(flat, jsonl, out)
+        assert assert_whole_and_searchable(out, flat) == new
+        if done:
+            break
+    assert done and half >= 2   # failing at the store's rename, at the vectors', at the manifest's
+
+
+def test_a_compaction_killed_between_its_renames_is_finished_by_the_rerun(small, tmp_path):
+    """kill -9 runs no cleanup: whatever rename it stops at, the rerun with --overwrite completes."""
+    flat, jsonl = small
+    out = tmp_path / "idx"
+    script = ("import os, sys\n"
+              "from dgpo_edge.retrieval.base import EncoderSpec\n"
+              "from dgpo_edge.retrieval.compact import compact\n"
+              "real, at, calls = os.replace, int(sys.argv[1]), [0]\n"
+              "def replace(src, dst, **kw):\n"
+              "    calls[0] += 1\n"
+              "    if calls[0] == at:\n"
+              "        os._exit(137)\n"
+              "    return real(src, dst, **kw)\n"
+              "os.replace = replace\n"
+              f"compact({str(flat)!r}, {str(jsonl)!r}, {str(out)!r}, pq={NEW_PQ}, eval_queries=0,\n"
+              f"        encoder=EncoderSpec.from_dict({TOY.to_dict()!r}), overwrite=True)\n")
+    killed = 0
+    for at in range(1, 50):
+        _, new = replaced_index(flat, jsonl, out)
+        run = subprocess.run([sys.executable, "-c", script, str(at)], capture_output=True, text=True)
+        assert run.returncode in (0, 137), run.stderr
+        killed += run.returncode == 137
+        replace_with_new(flat, jsonl, out)
+        assert assert_whole_and_searchable(out, flat) == new
+        if run.returncode == 0:
+            break
+    assert run.returncode == 0 and killed >= 5

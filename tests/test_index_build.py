@@ -11,6 +11,7 @@ as calls into the build's encoder.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -34,7 +35,7 @@ from dgpo_edge.retrieval.build import (  # noqa: E402
     load_manifest,
     verify_files,
 )
-from dgpo_edge.retrieval.compact import file_digest  # noqa: E402
+from dgpo_edge.retrieval.compact import SWAP_MARKER, file_digest  # noqa: E402
 from dgpo_edge.retrieval.corpus import iter_corpus  # noqa: E402
 from dgpo_edge.retrieval.retrievers import (  # noqa: E402
     BM25Retriever,
@@ -592,6 +593,44 @@ def test_existing_output_refused_without_overwrite(corpus, built, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match="not a folder"):
         build_index(corpus, tmp_path / "file", kind="bm25")
+
+
+def test_an_overwrite_interrupted_at_any_rename_leaves_the_old_or_the_new_index(corpus, tmp_path, monkeypatch):
+    """Ctrl-C between the final renames of `index build --overwrite` (after the old manifest went)
+    left a folder without one: nothing to search until a rerun. Now the renames are finished
+    first, so at each rename in turn the folder holds the old index or the new one, whole."""
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"id": f"o{i}", "contents": f'"Other {i}"\nthe lighthouse of bay {i}'}) + "\n"
+                             for i in range(20)), encoding="utf-8")
+    d = tmp_path / "index"
+    real, calls = os.replace, [0]
+
+    def replace(src, dst, **kw):
+        calls[0] += 1
+        if calls[0] == at:
+            raise KeyboardInterrupt
+        return real(src, dst, **kw)
+
+    for at in range(1, 50):
+        shutil.rmtree(d, ignore_errors=True)
+        build_index(corpus, d, kind="bm25")
+        calls[0] = 0
+        monkeypatch.setattr(os, "replace", replace)
+        try:
+            build_index(other, d, kind="bm25", overwrite=True)
+        except KeyboardInterrupt:
+            done = False
+        else:
+            done = True
+        monkeypatch.undo()
+        m = verify_files(d, full=True)
+        assert m["count"] in ((20,) if done else (N, 20)), at
+        with open_index(d) as r:
+            assert len(r.search(["lighthouse of bay 7"], k=1)[0]) == 1
+        assert not (d / SWAP_MARKER).exists()
+        if done:
+            break
+    assert done and calls[0] >= 3   # the store, the manifest into .work, the manifest into place
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="no /proc pseudo-filesystem here")

@@ -50,7 +50,9 @@ excepted, see `dense`).
 
 Atomicity: final files are renamed into DIR only at the end, an old
 manifest first removed and the new one renamed in last, so a manifest is
-only ever beside the files it describes. An existing index in DIR is refused
+only ever beside the files it describes; an exception during those renames
+finishes them, and a kill leaves a marker the rerun honours
+(`compact.install_files`). An existing index in DIR is refused
 unless `overwrite=True`. Bad corpus input (malformed line, non-UTF-8, empty
 corpus) raises InputError naming file and line and leaves nothing behind
 (`.work` and DIR itself, when this call created it, are removed); other
@@ -76,7 +78,8 @@ from .. import __version__, digests, jsonio
 from ..errors import InputError
 from ..locks import LOCK_FILE, folder_lock
 from .base import Encoder, EncoderSpec
-from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, check_index_out, file_digest, write_manifest
+from .compact import (INDEX_FILE, MANIFEST_FILE, STORE_FILE, check_index_out, file_digest, install_files,
+                      write_manifest)
 from .corpus import DEFAULT_WORDS, _text_files, detect_format, iter_corpus, size_hint
 from .documents import DocReport
 from .store import PassageStore, write_documents
@@ -86,7 +89,6 @@ WORK_DIR = ".work"
 WORK_MARKER = ".dgpo-edge-work"
 STATE_FILE = "state.json"
 STATE_VERSION = 1
-BUILD_FILES = (STORE_FILE, INDEX_FILE, MANIFEST_FILE)  # what an index folder holds
 
 UNKNOWN_COUNT = 1 << 40  # stands for "any number of passages" in early option checks
 Progress = Callable[[str, int, "int | None"], None]
@@ -492,19 +494,6 @@ def _finish(out: Path, work: Path, state: dict[str, Any], kind: str, encoder: En
         produced_by=producer, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     install_files(work, out, files)
     return manifest
-
-
-def install_files(work: Path, out: Path, files: list[str]) -> None:
-    """Rename `files` and the manifest from `work` into `out`, the manifest last."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(out / MANIFEST_FILE)  # from here on, no manifest describes a half-swapped folder
-    for name in BUILD_FILES:
-        if name in files:
-            os.replace(work / name, out / name)
-        elif name != MANIFEST_FILE:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(out / name)  # e.g. vectors.faiss of a dense index replaced by a bm25 one
-    os.replace(work / MANIFEST_FILE, out / MANIFEST_FILE)
 
 
 def source_entry(fp: dict[str, Any], documents: dict[str, Any] | None) -> dict[str, Any]:

@@ -64,13 +64,19 @@ a DIR holding anything but an index dgpo-edge wrote is refused even then, as
 
 Atomicity: everything is built in `DIR/.partial-*` and renamed into DIR at the
 end, manifest last (an old manifest is removed first, so a manifest is only
-ever beside the files it describes). Any exception, Ctrl-C included, removes
-the partial folder, and DIR itself when this call created it.
+ever beside the files it describes; `install_files`, shared with `index build`
+and `index update`). An exception during those renames, Ctrl-C included,
+finishes them first, so DIR holds the old index or the new one, whole; a kill
+between them leaves the marker `DIR/.dgpo-edge-swap`, which lets the rerun
+replace the half-renamed files (with `--overwrite` when they were replacing an
+index). Any exception removes the partial folder, and DIR itself when this call
+created it and it is still empty.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -348,10 +354,7 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
                                "corpus": corpus_path.name, "corpus_bytes": report["bytes"]["jsonl"]},
                        report=report,
                        produced_by=f"dgpo-edge {__version__}, faiss {faiss.__version__}")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(out_dir / MANIFEST_FILE)
-        for name in (INDEX_FILE, STORE_FILE, MANIFEST_FILE):
-            os.replace(partial / name, out_dir / name)
+        install_files(partial, out_dir, [INDEX_FILE, STORE_FILE])
         partial.rmdir()
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -504,27 +507,95 @@ def _rows(flat: Any, rows: np.ndarray, chunk: int) -> np.ndarray:
     return out
 
 
+# --- putting the files in place ----------------------------------------------------------------
+
+# Beside the index files while they are renamed in: whoever finds it knows they are dgpo-edge's, so
+# a rerun may replace them, and whether an index stood there before (a plain rerun then still
+# needs --overwrite). Hidden, so check_holds_only leaves it alone.
+SWAP_MARKER = ".dgpo-edge-swap"
+
+
+def install_files(work: Path, out: Path, files: list[str]) -> None:
+    """Rename `files` and the manifest from `work` into `out`, the manifest last; an index file
+    `files` lacks is removed from `out` (a dense index's vectors.faiss under a bm25 one).
+
+    No renaming of several files is atomic, so it is journalled: SWAP_MARKER is written first and
+    removed last. An exception on the way (Ctrl-C, a failed rename) finishes the renames from
+    `work`, where every new file is whole, and is then raised: the folder holds the new index.
+    Only a kill, or renames that keep failing, leave the marker, which lets the rerun replace the
+    half-renamed files (`check_index_folder`)."""
+    marker = out / SWAP_MARKER
+    replacing = (out / MANIFEST_FILE).exists() or _swap_was_replacing(out)
+    # written in place, not renamed in: a killed write leaves no temp file, and a torn marker still
+    # vouches (_swap_was_replacing reads it as replacing: --overwrite is asked for)
+    marker.write_text(json.dumps({"replacing": replacing, "made_by": f"dgpo-edge {__version__}: index files "
+                                  "are being renamed into this folder; a rerun of the command replaces them"}),
+                      encoding="utf-8")
+    try:
+        _move_in(work, out, files)
+    except BaseException:
+        with contextlib.suppress(Exception):   # failing again (a disk gone): the marker stays for the rerun
+            _move_in(work, out, files)
+            marker.unlink()
+        raise
+    marker.unlink()
+
+
+def _move_in(work: Path, out: Path, files: list[str]) -> None:
+    """The renames of `install_files`; run again after an interruption, it does what is left."""
+    if not (work / MANIFEST_FILE).exists():
+        return   # the manifest, renamed last, is in: so is everything else
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(out / MANIFEST_FILE)  # from here on, no manifest describes a half-swapped folder
+    for name in (STORE_FILE, INDEX_FILE):
+        if name not in files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(out / name)
+        elif (work / name).exists():   # else renamed in before the interruption
+            os.replace(work / name, out / name)
+    os.replace(work / MANIFEST_FILE, out / MANIFEST_FILE)
+
+
+def _swap_was_replacing(out: Path) -> bool:
+    """Whether `out` holds the marker of renames that were replacing an index when they were
+    interrupted (an unreadable marker counts as one: --overwrite is then asked for)."""
+    try:
+        marker = json.loads((out / SWAP_MARKER).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    return not isinstance(marker, dict) or marker.get("replacing") is not False
+
+
 def check_index_folder(out: Path, own: Iterable[str] = ()) -> None:
     """Refuse an output folder that holds anything but an index: its files are moved into the
     folder, so a person's files there would be mixed with them, or replaced where names meet.
     `own`: what the builder itself leaves there (index build's work folder), which also vouches
-    for index files a killed build left without their manifest. A killed compaction's .partial-*
-    is hidden, and so left alone."""
+    for index files a killed build left without their manifest, as SWAP_MARKER does for those of
+    interrupted renames. A killed compaction's .partial-* is hidden, and so left alone."""
     index_files = {INDEX_FILE, STORE_FILE, MANIFEST_FILE}
     names = jsonio.check_holds_only(out, index_files, "an index's", "give the index a folder of its own")
-    if names & index_files and not any((out / n).exists() for n in own) and not jsonio.ours(out):
+    vouched = any((out / n).exists() for n in (*own, SWAP_MARKER))
+    if names & index_files and not vouched and not jsonio.ours(out):
         raise InputError(f"holds {', '.join(sorted(names & index_files))} but no index dgpo-edge wrote; "
                          "refusing to replace them", out)
 
 
 def check_index_out(out: Path, overwrite: bool, own: Iterable[str] = (), hint: str = "") -> None:
     """Refuse the output folder of `index build` or `index compact` unless it is new, empty, or holds
-    an index dgpo-edge wrote and `overwrite` is given (`check_index_folder` refuses anything else,
-    with or without it). `hint`: another way out, after the one through --overwrite."""
+    an index dgpo-edge wrote (or what interrupted renames left of one replaced) and `overwrite` is
+    given (`check_index_folder` refuses anything else, with or without it). `hint`: another way
+    out, after the one through --overwrite."""
     check_index_folder(out, own)
-    if (out / MANIFEST_FILE).exists() and not overwrite:
+    if overwrite:
+        return
+    if (out / MANIFEST_FILE).exists():
         raise InputError(f"an index already exists here (manifest.json); pass --overwrite to replace it{hint}",
                          out)
+    if _swap_was_replacing(out):
+        raise InputError(f"holds a half-replaced index (the replacing was interrupted, {SWAP_MARKER}); "
+                         "pass --overwrite to replace it", out)
 
 
 def _check_corpus_count(corpus: Path, n: int, flat_path: Path) -> None:
@@ -579,5 +650,6 @@ def _faiss_message(e: BaseException) -> str:
     return text.split(": ", 2)[-1] if text.startswith("Error in") else text
 
 
-__all__ = ["FlatHeader", "check_index_out", "compact", "compact_encoder", "default_encoder", "file_digest",
-           "open_flat", "plan_ivfpq", "read_flat_header", "valid_pq", "write_manifest"]
+__all__ = ["FlatHeader", "SWAP_MARKER", "check_index_out", "compact", "compact_encoder", "default_encoder",
+           "file_digest", "install_files", "open_flat", "plan_ivfpq", "read_flat_header", "valid_pq",
+           "write_manifest"]

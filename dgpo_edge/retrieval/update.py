@@ -42,8 +42,8 @@ from ..jsonio import check_outside_bundle
 from ..protocol import Passage
 from .base import Encoder, EncoderSpec
 from .build import (DEFAULT_WORDS, LOCK_FILE, WORK_MARKER, Progress, _locked, build_index, claim_work_folder,
-                    install_files, source_entry, source_fingerprint, source_name, verify_files)
-from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, write_manifest
+                    source_entry, source_fingerprint, source_name, verify_files)
+from .compact import INDEX_FILE, MANIFEST_FILE, STORE_FILE, install_files, write_manifest
 from .corpus import UNREADABLE, _text_files, detect_format, read_document, read_regular_file
 from .documents import READABLE_SUFFIXES, DocRecord, DocReport, Skip, record_for
 from .store import PassageStore, edit_store
