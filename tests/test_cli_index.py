@@ -442,8 +442,8 @@ def test_compact_records_the_encoder_that_made_the_flat_vectors(minilm_flat, tmp
 
 def test_a_compaction_interrupted_while_replacing_an_index(minilm_flat, tmp_path, monkeypatch):
     """Renames that failed half way through `index compact --overwrite` left files that every rerun
-    refused, --overwrite or not ("no index dgpo-edge wrote"). Now a plain rerun says what happened, in
-    one error line, and the rerun with --overwrite replaces it."""
+    refused, --overwrite or not ("no index dgpo-edge wrote"). Now the folder says what happened, in
+    one error line, to a search and to a plain rerun, and the rerun with --overwrite replaces it."""
     from dgpo_edge.retrieval.compact import compact
 
     built, corpus = minilm_flat
@@ -468,6 +468,9 @@ def test_a_compaction_interrupted_while_replacing_an_index(minilm_flat, tmp_path
         compact(flat, corpus, out, **again)
     monkeypatch.undo()
     assert not (out / "manifest.json").exists() and (out / "store.sqlite").exists()
+    assert_one_line_error(invoke("index", "search", out, "lighthouse", "--kind", "bm25"), str(out),
+                          "writing was interrupted", "rerun the `index build` or `index compact`", "--overwrite")
+    assert_one_line_error(invoke("index", "info", out), str(out), "writing was interrupted")
     assert_one_line_error(invoke(*args), str(out), "holds a half-replaced index", "pass --overwrite")
     result = invoke(*args, "--overwrite")
     assert result.exit_code == 0, result.output
