@@ -7,6 +7,7 @@ renamed into place, so a crash never leaves a half-written file behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -56,23 +57,144 @@ def replace_dir(src: str | Path, dst: str | Path) -> None:
     """Rename the finished folder `src` onto `dst`, replacing an existing `dst`.
 
     The old `dst` is first renamed to `.{name}.old` beside it and deleted only once `src` is in
-    place, so a crash leaves the old folder or the new one (between the two renames, the old one
-    under `.{name}.old`, which a caller can restore).
+    place. No two renames are atomic, so they are journalled (`.{name}.dgpo-edge-swap` beside `dst`,
+    written first and removed last): an exception between them (Ctrl-C, a failed rename) puts the
+    old folder back before it is raised, and after a kill the next `settle_dir` (every writer's
+    `check_replaceable`, this function, readers of worlds and bundles) does. So `dst` holds the old
+    folder or the new one, whole; a `.{name}.old` without the journal is not dgpo-edge's to delete.
     """
-    src, dst = Path(src), Path(dst)
+    src, dst = Path(src), _absolute(dst)
+    settle_dir(dst)
     if dst.is_dir() and not any(dst.iterdir()):
-        # an empty folder (`--out .` in a new folder) is filled, not replaced: a shell inside it would
-        # be left in a deleted folder. The manifest goes in last, so a folder with one is whole.
-        for child in sorted(src.iterdir(), key=lambda p: p.name == "manifest.json"):
-            os.replace(child, dst / child.name)
-        os.rmdir(src)
+        _fill(src, dst)
         return
-    old = dst.with_name(f".{dst.name}.old")
+    if not dst.exists():   # nothing to keep aside
+        os.replace(src, dst)
+        return
+    check_aside_free(dst)
+    with _journalled(dst, {"replacing": aside(dst).name}):
+        os.replace(dst, aside(dst))
+        os.replace(src, dst)
+
+
+def _fill(src: Path, dst: Path) -> None:
+    """Move the files of `src` into the empty folder `dst` (`--out .` in a new folder), which is
+    filled, not replaced: a shell inside it would be left in a deleted folder. The journal lists
+    them, so an interruption part way removes those moved in (`settle_dir`): `dst` is empty again,
+    or holds them all. The manifest goes in last."""
+    children = sorted(src.iterdir(), key=lambda p: p.name == "manifest.json")
+    with _journalled(dst, {"filling": [child.name for child in children]}):
+        for child in children:
+            os.replace(child, dst / child.name)
+    os.rmdir(src)
+
+
+# Beside a folder NAME while replace_dir puts another in its place; its name is dgpo-edge's, so
+# whoever finds it knows that `.NAME.old`, or the files it lists in NAME, are dgpo-edge's too.
+SWAP_SUFFIX = ".dgpo-edge-swap"
+
+
+def aside(dst: Path) -> Path:
+    """Where replace_dir keeps the old `dst` until the new one is in place."""
+    return dst.with_name(f".{dst.name}.old")
+
+
+def _journal(dst: Path) -> Path:
+    return dst.with_name(f".{dst.name}{SWAP_SUFFIX}")
+
+
+def _absolute(path: str | Path) -> Path:
+    """`path` made absolute, `.` and `..` resolved (`--out .` has no name to put the journal beside),
+    links not followed: the link itself is what is replaced."""
+    return Path(os.path.abspath(path))
+
+
+@contextlib.contextmanager
+def _journalled(dst: Path, entry: dict[str, Any]) -> Iterator[None]:
+    """Write the journal of `dst`, run the block (its renames), then `settle_dir`, which removes
+    the journal (or, failing to delete `.NAME.old`, leaves it for the next run). When the block
+    raises, `settle_dir` runs first all the same (the old folder put back, or the new one kept when
+    it was already in), and the journal stays only when that fails too (a disk gone away). Fsynced
+    before any rename: after a power loss no rename it covers is kept without it."""
+    try:
+        with open(_journal(dst), "w", encoding="utf-8") as f:
+            json.dump({**entry, "made_by": f"dgpo-edge: {dst.name} is being replaced; the next dgpo-edge "
+                       "command that writes or reads it puts the old folder back, or keeps the new one"}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            settle_dir(dst)
+        raise
+    with contextlib.suppress(OSError):   # the new folder is in; `.NAME.old` left for the next run to delete
+        settle_dir(dst)
+
+
+def settle_dir(dst: str | Path) -> None:
+    """Settle what an interrupted `replace_dir` of `dst` left, by its journal (none: nothing to do),
+    so that `dst` holds the old folder or the new one, whole. Replacing: `.NAME.old` is put back
+    when `dst` is missing (killed between the two renames), deleted when `dst` is there (the new
+    folder, or the old one not yet moved). Filling: the files moved in are removed, unless all of
+    them are (a folder filled part way has no manifest, or not all the files its manifest lists).
+    Nothing else is touched. OSError when that fails (the journal then stays)."""
+    dst = _absolute(dst)
+    journal = _journal(dst)
+    try:
+        entry = json.loads(journal.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return
+    except ValueError:   # torn: killed while it was written, so before the first rename
+        entry = {}
+    if isinstance(entry, dict) and "replacing" in entry:
+        _put_back(dst)
+    elif isinstance(entry, dict) and _plain_names(entry.get("filling")):
+        _unfill(dst, entry["filling"])
+    journal.unlink()
+
+
+def _put_back(dst: Path) -> None:
+    """`.NAME.old` back at `dst` when `dst` is missing, else deleted."""
+    old = aside(dst)
+    if not _there(dst):
+        if _there(old):
+            os.replace(old, dst)
+        return
     shutil.rmtree(old, ignore_errors=True)
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
-    shutil.rmtree(old, ignore_errors=True)
+    if _there(old):   # the journal stays: it still vouches for what is left of it
+        raise OSError(errno.ENOTEMPTY, "could not be removed", str(old))
+
+
+def _unfill(dst: Path, names: list[str]) -> None:
+    """Remove the files of a fill that stopped part way (all of them in: the new folder is whole)."""
+    moved = [dst / name for name in names if _there(dst / name)]
+    if len(moved) == len(names):
+        return
+    for path in moved:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _plain_names(names: Any) -> bool:
+    """A journal's list of file names (a hand-edited one naming `..` or a path is not acted on)."""
+    return isinstance(names, list) and all(isinstance(n, str) and n not in ("", ".", "..") and "/" not in n
+                                           for n in names)
+
+
+def _there(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def check_aside_free(dst: str | Path) -> None:
+    """Refuse to replace `dst` while `.NAME.old` holds something no journal vouches for (a person's
+    backup, or what a dgpo-edge older than the journal left): the old `dst` is renamed there."""
+    dst = _absolute(dst)
+    if _there(aside(dst)):
+        raise InputError(f"is in the way: {dst.name} is renamed there while it is replaced, and no "
+                         f"{_journal(dst).name} beside it says dgpo-edge left it; move it away or remove it",
+                         aside(dst))
 
 
 #: A bundle's manifest "format" (bundle.core.FORMAT), kept here, below both, so that retrieval can
@@ -129,7 +251,9 @@ def check_outside_bundle(out: str | Path) -> None:
 
 def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str = "a folder dgpo-edge wrote") -> None:
     """Refuse a file, or a non-empty folder that `mine` does not recognise: an --out given by
-    mistake (a home folder, a notes folder) must never be replaced, with everything in it."""
+    mistake (a home folder, a notes folder) must never be replaced, with everything in it. What an
+    interrupted replacing of `out` left is settled first (`settle_dir`): the old folder or the new one."""
+    settle(out)
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", out)
     check_folder_path(out)   # a file above it (`--out notes.txt/run`): no folder can be made there
@@ -141,6 +265,15 @@ def check_replaceable(out: Path, mine: Callable[[Path], bool] = ours, what: str 
     if Path.cwd().resolve().is_relative_to(out.resolve()):
         raise InputError("is the folder this command runs in, and it is replaced whole, which would leave "
                          "the shell in a deleted folder: run the command from another folder", out)
+    check_aside_free(out)
+
+
+def settle(out: str | Path) -> None:
+    """`settle_dir` for a command about to write or read `out`: a failure is one error line."""
+    try:
+        settle_dir(out)
+    except OSError as e:
+        raise InputError(f"could not finish an interrupted replacing of it ({e.strerror or e})", out) from None
 
 
 def check_folder_path(out: Path, name: str = "the output path") -> None:

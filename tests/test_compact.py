@@ -39,6 +39,8 @@ from dgpo_edge.retrieval.compact import (  # noqa: E402
 from dgpo_edge.retrieval.retrievers import open_index  # noqa: E402
 from dgpo_edge.retrieval.store import PassageStore  # noqa: E402
 
+from kill_helpers import KILL_AT_NTH_REPLACE  # noqa: E402
+
 WIKI_N = 21_015_324
 TOY = EncoderSpec("toy", "test", 64, True)   # the synthetic vectors' encoder: e5's 768 dims are not theirs
 
@@ -508,16 +510,9 @@ def test_a_compaction_killed_between_its_renames_is_finished_by_the_rerun(small,
     """kill -9 runs no cleanup: whatever rename it stops at, the rerun with --overwrite completes."""
     flat, jsonl = small
     out = tmp_path / "idx"
-    script = ("import os, sys\n"
+    script = (KILL_AT_NTH_REPLACE +
               "from dgpo_edge.retrieval.base import EncoderSpec\n"
               "from dgpo_edge.retrieval.compact import compact\n"
-              "real, at, calls = os.replace, int(sys.argv[1]), [0]\n"
-              "def replace(src, dst, **kw):\n"
-              "    calls[0] += 1\n"
-              "    if calls[0] == at:\n"
-              "        os._exit(137)\n"
-              "    return real(src, dst, **kw)\n"
-              "os.replace = replace\n"
               f"compact({str(flat)!r}, {str(jsonl)!r}, {str(out)!r}, pq={NEW_PQ}, eval_queries=0,\n"
               f"        encoder=EncoderSpec.from_dict({TOY.to_dict()!r}), overwrite=True)\n")
     killed = 0

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import check_folder_path, check_holds_only, replace_dir
+from dgpo_edge.jsonio import check_folder_path, check_holds_only, replace_dir, settle_dir
 
 from .config import resolved_stage, write_resolved
 
@@ -283,8 +283,11 @@ def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = N
                                       or (not last.exists() and (old / "trainer_state.json").is_file()))
     if acc.is_main_process:
         ckpt.mkdir(parents=True, exist_ok=True)
-        if not last.exists() and old.exists():  # crashed between the two renames of _swap_in
+        settle_dir(last)   # a save killed between the two renames of _swap_in: .last.old put back
+        if not last.exists() and old.exists():  # the same, by a dgpo-edge older than replace_dir's journal
             os.replace(old, last)
+        elif last.exists() and old.exists():   # and its leftover, which the next save would be refused for
+            shutil.rmtree(old)
     acc.wait_for_everyone()
     saved = None
     if resuming:   # before the config is written: a checkpoint that does not fit leaves the run as it was

@@ -52,7 +52,7 @@ from typing import Any
 
 from .. import __version__, digests, protocol
 from ..errors import InputError
-from ..jsonio import BUNDLE_FORMAT, check_replaceable, file_digest, replace_dir, visible_files, write_json
+from ..jsonio import BUNDLE_FORMAT, check_replaceable, file_digest, replace_dir, settle, visible_files, write_json
 from ..protocol import ProtocolConfig
 from .integrity import check_layout
 
@@ -160,6 +160,7 @@ class Bundle:
 def read_manifest(path: str | Path) -> dict[str, Any]:
     """A bundle's manifest, checked for the fields loaders rely on (InputError otherwise)."""
     d = Path(path).expanduser()
+    settle(d)   # an `export bundle --overwrite` killed part way: the old bundle back, or the new one kept
     if d.is_file():
         raise InputError("is a file, not a bundle folder", d)
     if not d.is_dir():

@@ -132,6 +132,7 @@ def ensure_world(name: str, folder: Path, seed: int, say: Callable[[str], None])
     An existing folder is checked against its manifest's digests, so a stale or hand-edited
     world is refused rather than mixed in.
     """
+    jsonio.settle(folder)   # a rebuild of it killed part way: the old world back, or the new one kept
     manifest_path = folder / "manifest.json"
     world, own_seed = split_entry(name)
     seed = seed if own_seed is None else own_seed
