@@ -77,8 +77,10 @@ def test_out_dot_builds_into_the_empty_current_folder(tmp_path: Path, hf_model: 
     here = tmp_path / "here"
     here.mkdir()
     monkeypatch.chdir(here)
+    inode = here.stat().st_ino
     b = build_bundle(hf_model, index_dir, ".")
     assert b.path == here and verify(here).manifest == b.manifest
+    assert here.stat().st_ino == inode   # filled, not deleted and made anew: a shell in it stays in it
     assert not (tmp_path / "here.partial").exists()
 
 

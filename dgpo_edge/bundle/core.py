@@ -489,10 +489,8 @@ def finish(work: Path, out: Path, fields: dict[str, Any], progress: Progress | N
                 "produced_by": f"dgpo-edge {__version__}", "versions": versions(), **fields,
                 "files": listing}
     write_json(work / MANIFEST, manifest)
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
     check_replaceable(out, is_own_bundle, "a bundle")   # again: the folder may have changed while this one was built
-    if out.exists() and not overwrite:
+    if out.exists() and any(out.iterdir()) and not overwrite:   # an empty one is filled (`--out .`), not replaced
         raise InputError("a bundle appeared here while this one was built; pass --overwrite to replace it", out)
     (work / PARTIAL_MARKER).unlink(missing_ok=True)   # last: until the rename, a rerun may reuse the folder
     replace_dir(work, out)
