@@ -90,17 +90,25 @@ def test_tgo_resumes_without_repeating_questions(memorized, smol_tok, retriever,
     assert (again.skipped, again.processed) == (4, 0) and out.read_text() == full.read_text()
 
 
-def test_tgo_command_end_to_end_and_bad_input(memorized, smol_tok, tmp_path):
-    teacher = tmp_path / "teacher"
+@pytest.fixture(scope="module")
+def command_inputs(memorized, smol_tok, tmp_path_factory):
+    """The command's files: the memorizer as a teacher folder, the questions, the corpus."""
+    folder = tmp_path_factory.mktemp("tgo-inputs")
+    teacher = folder / "teacher"
     memorized.save_pretrained(teacher)
     smol_tok.save_pretrained(teacher)
-    corpus = tmp_path / "corpus.jsonl"
+    corpus = folder / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in CORPUS))
-    index = tmp_path / "index"
-    assert invoke("index", "build", corpus, "--out", index, "--kind", "bm25").exit_code == 0
-    data = tmp_path / "qa.jsonl"
+    data = folder / "qa.jsonl"
     data.write_text("".join(json.dumps({"id": e.id, "question": e.question, "golden_answers": list(e.answers)})
                             + "\n" for e in EXAMPLES))
+    return teacher, data, corpus
+
+
+def test_tgo_command_end_to_end_and_bad_input(command_inputs, tmp_path):
+    teacher, data, corpus = command_inputs
+    index = tmp_path / "index"
+    assert invoke("index", "build", corpus, "--out", index, "--kind", "bm25").exit_code == 0
     out = tmp_path / "out" / "tgo.jsonl"
     args = ["train", "tgo", "--teacher", teacher, "--data", data, "--index", index, "--out", out,
             "--n", 2, "--limit", 3, "--temperature", 0.3, "--batch-size", 6, "--max-turn-tokens", 48]
@@ -142,6 +150,73 @@ def test_tgo_command_end_to_end_and_bad_input(memorized, smol_tok, tmp_path):
         mine.write_text(text)
         assert_one_line_error(invoke(*args[:8], "--out", mine, *args[10:]), "notes.md", "no newline")
         assert mine.read_text() == text
+
+
+def test_ctrl_c_keeps_the_whole_chunks_exits_130_and_the_rerun_writes_what_an_uninterrupted_run_does(
+        command_inputs, tmp_path, monkeypatch):
+    """Ctrl-C ended `train tgo` without a word (exit 130 from typer; click's "Aborted!" and 1 before
+    it), and one that came between a chunk's two appends left its rows in --out but not its progress
+    lines: the rerun took the questions with rows for done and sampled the others as a smaller chunk,
+    so its files differed from an uninterrupted run's. Now, as in `train sft|kd|ppo|dgpo|grpo`: one
+    line saying what --out holds and how to go on, exit 130, the chunk's two appends kept together
+    (a second Ctrl-C stops at once), and the resumed run ends with the uninterrupted run's files."""
+    import dgpo_edge.cli.train_tgo as cli_tgo
+    import dgpo_edge.train.tgo as tgo
+    from train_helpers import ctrl_c
+
+    teacher, data, corpus = command_inputs
+
+    def tgo_into(out, expect=0):   # 2 samples a question, 4 episodes a chunk: 2 chunks of 2 questions
+        result = invoke("train", "tgo", "--teacher", teacher, "--data", data, "--index", corpus, "--out", out,
+                        "--n", 2, "--batch-size", 4, "--temperature", 0.3, "--max-turn-tokens", 48)
+        assert result.exit_code == expect and "Traceback" not in result.plain, result.output
+        return result
+
+    def stopped(out):   # the lines (transformers' loading bar, the stop) of a run stopped by Ctrl-C
+        return [line for line in tgo_into(out, 130).plain.splitlines() if line.strip()]
+
+    whole = tmp_path / "whole.jsonl"
+    tgo_into(whole)
+    out = tmp_path / "run.jsonl"
+    resume = "; run the same command again to resume from there"
+
+    def teacher_interrupted(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:   # while the teacher loads: nothing to keep yet
+        m.setattr(cli_tgo, "load_teacher", teacher_interrupted)
+        assert stopped(out) == [f"interrupted: nothing saved ({out} has none of the 4 questions done yet)"]
+
+    real_append = tgo._append
+
+    def ctrl_c_after_the_rows(presses):   # between chunk 1's rows and its progress lines
+        def append(path, rows):
+            real_append(path, rows)
+            for _ in range(presses if path.suffix == ".jsonl" and not path.name.endswith(".progress.jsonl") else 0):
+                ctrl_c()
+        return append
+
+    with monkeypatch.context() as m:
+        m.setattr(tgo, "_append", ctrl_c_after_the_rows(1))
+        assert stopped(out)[-2:] == ["interrupted: stopping once this chunk's trajectories are written (Ctrl-C again "
+                                     "stops at once, without it)", f"interrupted: {out} has 2 of 4 questions done{resume}"]
+    assert [r["id"] for r in _rows(progress_path(out))] == ["q0", "q1"]
+
+    real_rollouts = tgo.generate_rollouts
+    with monkeypatch.context() as m:   # inside chunk 2's sampling: stopped at once, chunk 1 kept
+        m.setattr(tgo, "generate_rollouts", lambda *a, **k: ctrl_c() or real_rollouts(*a, **k))
+        assert stopped(out)[-1] == f"interrupted: {out} has 2 of 4 questions done{resume}"
+
+    assert "2 questions sampled (2 already done)" in tgo_into(out).flat
+    assert out.read_text() == whole.read_text()
+    assert progress_path(out).read_text() == progress_path(whole).read_text()
+
+    with monkeypatch.context() as m:   # twice between the appends: stopped there
+        m.setattr(tgo, "_append", ctrl_c_after_the_rows(2))
+        cut = tmp_path / "cut.jsonl"
+        assert stopped(cut)[-1] == (f"interrupted inside chunk 1: nothing saved ({cut} has none of the 4 "
+                                    "questions done yet)")
+    assert cut.is_file() and not progress_path(cut).exists()
 
 
 def test_tgo_refuses_an_out_that_is_its_questions_or_corpus_or_no_tgo_file(tmp_path):

@@ -6,8 +6,8 @@
 - **run directory and checkpoints**: `prepare_run_dir` (resolved config, resume from
   `checkpoints/last`, recovery from an interrupted swap) and `write_last` (model, tokenizer,
   accelerate state and trainer state, written atomically);
-- **Ctrl-C**: `Interrupts` (a loop stopped by SIGINT saves its last whole step) and
-  `TrainingInterrupted`;
+- **Ctrl-C**: `Interrupts` (a loop stopped by SIGINT saves its last whole step; `train tgo`'s loop
+  over chunks of questions uses it too) and `TrainingInterrupted`;
 - **metric sinks**: `Loggers` (metrics.csv / eval.csv, TensorBoard, W&B), `progress_bar` (the rich bar
   on a terminal, `PlainProgress` lines elsewhere) and `peak_memory_gb`.
 
@@ -333,28 +333,35 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class Interrupts:
-    """Ctrl-C (SIGINT) in a training loop: checkpoints/last gets the last whole step.
+    """Ctrl-C (SIGINT) in a loop of steps whose work is kept (`train sft|kd|ppo|dgpo|grpo`: an optimizer
+    step, saved in checkpoints/last; `train tgo`: a chunk of questions, appended to --out): the run
+    stops with the last whole step kept.
 
-    A step changes the weights from its first optimizer step on (`commit`), and its bookkeeping (the
-    step count, the scheduler, the metric row), its evaluation and its save follow: saved in between,
-    the checkpoint would mix two steps, and stopped before its evaluation, the resumed run (which
-    starts at the next step) would never evaluate that step. So from `commit` to `step_ends`, which the
-    loop calls once all of that is done, a first Ctrl-C only asks the loop to stop at `step_ends`;
-    anywhere else it stops at once, and `stop` saves: after `step_ends` the state is that step's,
-    before `commit` the previous step's once `stop` has put back what the begun step drew (the random
-    generators, and accelerate's micro-batch count, which decides where gradients sync): the resumed
-    run draws them again. A second Ctrl-C stops at once. The trainer sets `saved` to the step that
-    checkpoints/last holds for this run (resumed from or saved), so `stop` does not write the same
-    step again.
+    A step changes what is kept from `commit` on (the weights from its first optimizer step; tgo's
+    output from its first append), and what follows (the step count, the scheduler, the metric row,
+    the evaluation and the save; tgo's progress file) belongs to it: stopped in between, the checkpoint
+    would mix two steps, a step stopped before its evaluation would never be evaluated (the resumed run
+    starts at the next step), and a chunk stopped between its two appends would be redone in part. So
+    from `commit` to `step_ends`, which the loop calls once all of that is done, a first Ctrl-C only
+    asks the loop to stop at `step_ends`; anywhere else it stops at once, and `stop` saves: after
+    `step_ends` the state is that step's, before `commit` the previous step's once `stop` has put back
+    what the begun step drew (the random generators, and accelerate's micro-batch count, which decides
+    where gradients sync): the resumed run draws them again. A second Ctrl-C stops at once. A trainer
+    sets `saved` to the step that checkpoints/last holds for this run (resumed from or saved), so `stop`
+    does not write the same step again; tgo keeps each chunk as it ends, and has nothing to save.
 
-    With one process only: with several, every rank would have to stop at the same step to save
-    together (a save waits for all of them), so there Ctrl-C stops the run as it always did.
+    With one process only (`acc`: the run's accelerator; None: one process without one): with several,
+    every rank would have to stop at the same step to save together (a save waits for all of them), so
+    there Ctrl-C stops the run as it always did. `unit` names a step in the lines ("chunk" for tgo),
+    `finishing` says what a first Ctrl-C inside one waits for.
     """
 
-    def __init__(self, acc: Any):
+    def __init__(self, acc: Any = None, unit: str = "step",
+                 finishing: str = "saving once this step is finished, its evaluation and save included"):
         self.acc = acc
-        self.enabled = acc.num_processes == 1
-        self.phase = "done"   # begun (nothing changed yet) | commit (the weights are changing) | done
+        self.enabled = acc is None or acc.num_processes == 1
+        self.unit, self.finishing = unit, finishing
+        self.phase = "done"   # begun (nothing changed yet) | commit (the kept state is changing) | done
         self.requested = False
         self.saved: int | None = None
         self.running = 0      # the step begun last (counted from 1)
@@ -380,17 +387,16 @@ class Interrupts:
         if self.phase != "commit" or self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print("interrupted: saving once this step is finished, its evaluation and save included (Ctrl-C again "
-              "stops at once, without it)", file=sys.stderr, flush=True)
+        print(f"interrupted: {self.finishing} (Ctrl-C again stops at once, without it)", file=sys.stderr, flush=True)
 
     def step_begins(self, step: int) -> None:
         """Call as step number `step` (counted from 1) begins, before it draws anything."""
         self.phase = "begun"
         self.running = step
-        self._drawn = (_rng_states(), self.acc.step)
+        self._drawn = (_rng_states(), None if self.acc is None else self.acc.step)
 
     def commit(self) -> None:
-        """Call just before the step's first optimizer step."""
+        """Call just before the step first changes what is kept (a trainer: its first optimizer step)."""
         self.phase = "commit"
 
     def step_ends(self) -> None:
@@ -400,27 +406,32 @@ class Interrupts:
         if self.requested:
             raise KeyboardInterrupt
 
-    def stop(self, step: int, save: Callable[[], None], last: Path, resume: bool) -> NoReturn:
-        """Call from `except KeyboardInterrupt:` around the loop: save the last whole step (unless
-        `last` holds it already) and raise TrainingInterrupted; with several processes, re-raise."""
+    def stop(self, step: int, save: Callable[[], None] | None, holds: Callable[[], str]) -> NoReturn:
+        """Call from `except KeyboardInterrupt:` around the loop: `save()` the last whole step (unless
+        `saved` says it is saved already; None: every step is kept as it ends) and raise
+        TrainingInterrupted, whose line ends with `holds()` (what is kept and how to go on, read once
+        saved: `last_holds` for a trainer); with several processes, re-raise."""
         if not self.enabled:
             raise   # the KeyboardInterrupt being handled
-        if self.phase == "commit":   # a second Ctrl-C inside the update: half a step
-            raise TrainingInterrupted(f"interrupted inside step {self.running}: {self._holds(last, resume)}") from None
+        if self.phase == "commit":   # a second Ctrl-C inside the step: half a step
+            raise TrainingInterrupted(f"interrupted inside {self.unit} {self.running}: {holds()}") from None
         if self.phase == "begun":
-            rng, self.acc.step = self._drawn
+            rng, acc_step = self._drawn
             _set_rng_states(rng)
+            if self.acc is not None:
+                self.acc.step = acc_step
             self.phase = "done"
-        if step and self.saved != step:
+        if save is not None and step and self.saved != step:
             try:
                 save()
             except KeyboardInterrupt:   # the save was written into a temp folder: `last` is as it was
-                raise TrainingInterrupted(f"interrupted again while saving: {self._holds(last, resume)}") from None
-        raise TrainingInterrupted(f"interrupted: {self._holds(last, resume)}") from None
+                raise TrainingInterrupted(f"interrupted again while saving: {holds()}") from None
+        raise TrainingInterrupted(f"interrupted: {holds()}") from None
 
-    def _holds(self, last: Path, resume: bool) -> str:
-        # With run.resume=false, a `last` this run did not save is an earlier attempt's.
-        return last_holds(last, resume, ours=resume or self.saved is not None)
+    def last_holds(self, last: Path, resume: bool) -> Callable[[], str]:
+        """`stop`'s `holds` for a trainer: what checkpoints/last holds (`last_holds`); with
+        run.resume=false, a `last` this run did not save is an earlier attempt's."""
+        return lambda: last_holds(last, resume, ours=resume or self.saved is not None)
 
 
 def last_holds(last: Path, resume: bool, ours: bool = True) -> str:

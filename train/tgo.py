@@ -14,6 +14,8 @@ torn last line is cut off and every question named in either file is
 skipped. Each chunk's seed depends on the run seed and the chunk's position in
 the data, so a run resumed at a chunk boundary writes what an uninterrupted
 one would have (a chunk cut short by a crash is redone, its rows not repeated).
+Ctrl-C stops with the last whole chunk written, as the trainers stop with their last whole step
+saved (plumbing.Interrupts): one while a chunk is written waits until both files have it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..datasets import QAExample
 from ..errors import InputError
 from ..jsonio import cut_torn_last_line, iter_lines, parse_json_line
 from ..retrieval.base import Retriever
+from .plumbing import Interrupts
 from .rollout import Rollout, RolloutConfig, generate_rollouts, make_engine
 
 
@@ -137,25 +140,48 @@ def generate_teacher_trajectories(model: Any, tokenizer: Any, examples: Sequence
                                   retriever: Retriever | None, out: str | Path,
                                   config: TgoConfig = TgoConfig(), teacher: str = "",
                                   on_chunk: Callable[[int], None] | None = None) -> TgoStats:
-    """Sample `config.n` episodes per question and append the correct ones to `out`."""
+    """Sample `config.n` episodes per question and append the correct ones to `out`.
+
+    Ctrl-C stops it with the last whole chunk kept (plumbing.Interrupts: one inside a chunk's two
+    appends waits for the second) and raises TrainingInterrupted, whose line says how much is done."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = done_ids(out)
     stats = TgoStats(questions=len(examples))
-    engine = make_engine(model, tokenizer, config.rollout)
+    interrupts = Interrupts(unit="chunk", finishing="stopping once this chunk's trajectories are written")
     per = config.questions_per_chunk
-    for start in range(0, len(examples), per):
-        chunk = [e for e in examples[start:start + per] if e.id not in done]
-        stats.skipped += min(per, len(examples) - start) - len(chunk)
-        if chunk:
-            _run_chunk(model, tokenizer, chunk, retriever, out, config, teacher, start, engine, stats)
-        if on_chunk is not None:
-            on_chunk(min(per, len(examples) - start))
+    try:
+        with interrupts.watch():
+            engine = make_engine(model, tokenizer, config.rollout)
+            for start in range(0, len(examples), per):
+                chunk = [e for e in examples[start:start + per] if e.id not in done]
+                stats.skipped += min(per, len(examples) - start) - len(chunk)
+                if chunk:
+                    interrupts.step_begins(start // per + 1)
+                    _run_chunk(model, tokenizer, chunk, retriever, out, config, teacher, start, engine, stats,
+                               interrupts.commit)
+                    interrupts.step_ends()
+                if on_chunk is not None:
+                    on_chunk(min(per, len(examples) - start))
+    except KeyboardInterrupt:   # nothing to save: each chunk was written as it ended
+        interrupts.stop(stats.processed, None, lambda: out_holds(out, examples, done, stats.processed))
     return stats
 
 
+def out_holds(out: Path, examples: Sequence[QAExample], done: set[str], processed: int = 0) -> str:
+    """What --out holds after a Ctrl-C, and how to go on: the questions `done` before this run
+    (`done_ids`) and those it `processed` since."""
+    finished = sum(e.id in done for e in examples) + processed
+    if not finished:
+        return f"nothing saved ({out} has none of the {len(examples)} questions done yet)"
+    return (f"{out} has {finished} of {len(examples)} questions done; run the same command again to resume "
+            "from there")
+
+
 def _run_chunk(model, tokenizer, chunk: list[QAExample], retriever, out: Path, config: TgoConfig,
-               teacher: str, start: int, engine, stats: TgoStats) -> None:
+               teacher: str, start: int, engine, stats: TgoStats, commit: Callable[[], None]) -> None:
+    """Sample the chunk, then `commit()` and append its rows and progress lines (its questions counted
+    as processed once both are written: a Ctrl-C's line counts whole chunks only)."""
     n = config.n
     rollout_cfg = replace(config.rollout, seed=config.rollout.seed * 1_000_003 + start)
     questions = [e.question for e in chunk for _ in range(n)]
@@ -173,8 +199,11 @@ def _run_chunk(model, tokenizer, chunk: list[QAExample], retriever, out: Path, c
         progress.append({"id": ex.id, "samples": n, "correct": len(correct), "written": len(seen)})
         stats.solved += bool(correct)
         stats.correct += len(correct)
+    # The two files name the chunk's questions done: written apart, a rerun would take those with rows
+    # for done and sample the others as a smaller chunk, which an uninterrupted run never does.
+    commit()
+    _append(out, rows)
+    _append(progress_path(out), progress)
     stats.processed += len(chunk)
     stats.samples += len(rollouts)
     stats.written += len(rows)
-    _append(out, rows)
-    _append(progress_path(out), progress)

@@ -110,6 +110,23 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+@contextlib.contextmanager
+def stopped_by_ctrl_c(holds: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C in a `train` command: one line saying what is saved and how to go on, and exit status
+    130 (a shell's for SIGINT), not click's "Aborted!" and 1. In its loop the stage has kept its last
+    whole step and says so (TrainingInterrupted, train/plumbing.py Interrupts); elsewhere (loading, or
+    several processes, where it does not save) `holds()` says what the last save left."""
+    from ..train.plumbing import TrainingInterrupted
+
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        line = str(e) if isinstance(e, TrainingInterrupted) else f"interrupted: {holds()}"
+        if os.environ.get("RANK", "0") == "0":   # one line per run, not per process
+            err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+
+
 # click's UsageError (a bad or missing option or argument), or that of the copy of click that
 # typer carries from 0.2x on (typer._click): the class typer's public BadParameter derives from.
 _UsageError: type[Exception] = typer.BadParameter.__base__

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 
-from .common import console, err_console, needs_extra, user_errors
+from .common import console, needs_extra, stopped_by_ctrl_c, user_errors
 from .train_tgo import tgo_command
 
 app = typer.Typer(help="Train a search agent: SFT, cold-start KD, teacher trajectories, PPO/DGPO/GRPO "
@@ -99,22 +98,11 @@ def grpo(config: Path = CONFIG, overrides: list[str] = OVERRIDES) -> None:
     _rl("grpo", config, overrides)
 
 
-@contextlib.contextmanager
-def _saved_on_interrupt(cfg) -> Iterator[None]:
-    """Ctrl-C: one line saying what checkpoints/last holds and how to resume, and exit status 130 (a
-    shell's for SIGINT), not click's "Aborted!" and 1. In the training loop the trainer has saved the
-    last whole step and says so (train/plumbing.py Interrupts); elsewhere (loading, or several
-    processes, where it does not save) the line says what the last save left."""
-    from ..train.plumbing import TrainingInterrupted, last_holds
+def _saved_on_interrupt(cfg) -> contextlib.AbstractContextManager[None]:
+    """Ctrl-C (`stopped_by_ctrl_c`); outside the training loop the line says what checkpoints/last holds."""
+    from ..train.plumbing import last_holds
 
-    try:
-        yield
-    except KeyboardInterrupt as e:
-        line = str(e) if isinstance(e, TrainingInterrupted) else \
-            f"interrupted: {last_holds(Path(cfg.run.out_dir) / 'checkpoints' / 'last', cfg.run.resume)}"
-        if os.environ.get("RANK", "0") == "0":   # one line per run, not per process
-            err_console.print(line, highlight=False, markup=False, soft_wrap=True)
-        raise typer.Exit(130) from None
+    return stopped_by_ctrl_c(lambda: last_holds(Path(cfg.run.out_dir) / "checkpoints" / "last", cfg.run.resume))
 
 
 def _report(summary: dict, out_dir: str) -> None:

@@ -15,7 +15,7 @@ import typer
 from ..errors import InputError
 from ..protocol import MAX_SEARCHES, MAX_TOP_K
 from .common import (MAX_SEARCHES_HELP, TOP_K_HELP, check_search_options, console, err_console, max_searches_of,
-                     needs_extra, old_max_turns_option, user_errors)
+                     needs_extra, old_max_turns_option, stopped_by_ctrl_c, user_errors)
 
 
 @needs_extra("train", "torch", "transformers")
@@ -48,7 +48,7 @@ def tgo_command(
     from ..protocol import ProtocolConfig
     from ..train.rollout import ENGINES, RolloutConfig
     from ..train.evaluation import open_retriever
-    from ..train.tgo import TgoConfig, done_ids, generate_teacher_trajectories
+    from ..train.tgo import TgoConfig, done_ids, generate_teacher_trajectories, out_holds
 
     # the agent commands' ranges: trajectories a student learns from use settings it can run with
     max_searches = max_searches_of(max_searches, old_max_turns)
@@ -69,8 +69,10 @@ def tgo_command(
                                 max_turn_tokens=max_turn_tokens), temperature=temperature,
         top_p=top_p, seed=seed, batch_size=batch_size, engine=engine, chat_template=chat_template))
     _check_not_an_input(out, data, index)
-    done_ids(out)   # an --out that is no `train tgo` file fails before anything loads
-    with open_retriever(str(index)) as retriever:  # before the teacher loads: a bad --index fails fast
+    done = done_ids(out)   # an --out that is no `train tgo` file fails before anything loads
+    # Ctrl-C: in the loop the line is generate_teacher_trajectories' (the chunks it wrote); before it, this
+    with stopped_by_ctrl_c(lambda: out_holds(out, examples, done)), \
+            open_retriever(str(index)) as retriever:  # before the teacher loads: a bad --index fails fast
         model, tokenizer = load_teacher(teacher, device, dtype)
         with stage_progress(err_console, transient=True) as bar:
             task = add_stage(bar, "tgo", "tgo", 0, len(examples))

@@ -331,7 +331,8 @@ class RLTrainer:
                     self.interrupts.step_ends()   # last: a Ctrl-C in the step waits for its evaluation and save
         except KeyboardInterrupt:
             logger.close()
-            self.interrupts.stop(self.state.step, self.save_last, self.ckpt / "last", self.config.run.resume)
+            self.interrupts.stop(self.state.step, self.save_last,
+                                 self.interrupts.last_holds(self.ckpt / "last", self.config.run.resume))
         self.state.elapsed_s = time.perf_counter() - t_start
         logger.close()
         summary = self._summary()
