@@ -33,6 +33,12 @@ plus a final one, up to the 4,096-token episode limit. Questions and the BM25 co
 FactbookQA's. The step-time split comes from the run's metrics.csv (time_rollout_s, time_logp_s,
 time_critic_s, time_teacher_s, time_update_s); the last step is reported (the first also
 captures the rollout engine's CUDA graphs).
+
+`run` prints the run's summary as one JSON line on stdout (then, compiled as by default, dynamo's graph
+counts as another); the trainer's plain progress lines (`train dgpo: step 1/2, reward 0.0000,
+elapsed 0:02:51, eta 0:02:51`, one a step at this size; log.progress=false asks for them on a
+terminal too, where the rich bar would vanish) go to stderr, so `run > summary.jsonl` keeps the
+JSON alone.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """bench/rl_cost.py's report and flags, without a GPU: a cut run (metrics, no summary) is reported from
 its last finished step, a run with no finished step is skipped, and the kept cache is on unless
---no-reuse-cache says otherwise."""
+--no-reuse-cache says otherwise; and what `run` prints, from a real DGPO step of tiny models."""
 
 from __future__ import annotations
 
 import argparse
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,36 @@ def test_speed_keeps_earlier_blocks_and_drops_the_replaced_fields(bench, tmp_pat
     assert (got["paper_step_s_before"], got["paper_step_s_after"], got["speedup"]) == (275.0, 90.0, 3.06)
     assert got["rollout_in_rl_vs_standalone"] == pytest.approx(50000 / 60000, abs=1e-3)
     assert got["engine_b512_sampled_tok_s"] is None          # the engine JSON was not at batch 512
+
+
+@pytest.mark.slow
+def test_a_run_prints_its_summary_alone_on_stdout_and_the_trainers_progress_on_stderr(bench, tmp_path, capsys,
+                                                                                     request, tmp_path_factory):
+    """The trainer prints plain progress lines where stderr is no terminal, and `log.progress=false`, which
+    `run` sets, asks for them on a terminal too: they go to stderr, so `run`'s stdout stays its summary."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import test_rollout_support as support
+
+    tokenizer = support.smol_tok_fixture(request, tmp_path_factory)
+    retriever = support.bm25_retriever(tmp_path)
+    model = support.memorized_fixture(tokenizer, retriever, request, tmp_path_factory)
+    retriever.close()
+    for name in ("student", "teacher"):   # where `prepare` puts the paper-shape ones
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    question, gold = support.EPISODES[0][:2]
+    data, corpus = tmp_path / "train.jsonl", tmp_path / "corpus.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": question, "golden_answers": [gold]}) + "\n"
+                            for i in range(2)))
+    corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in support.CORPUS))
+    capsys.readouterr()
+    bench.run(argparse.Namespace(work=tmp_path, data=data, retriever=corpus, prompts=2, batch_size=2, micro_batch=2,
+                                 forward_batch=0, checkpointing=False, compile=False, steps=1, reuse_cache=True,
+                                 tag="t", variant="after"))
+    printed = capsys.readouterr()
+    summary = [json.loads(line) for line in printed.out.splitlines()]
+    assert [(s["algorithm"], s["steps"], s["rollouts"]) for s in summary] == [("dgpo", 1, 2)], printed.out
+    progress = [line for line in printed.err.splitlines() if line.startswith("train ")]
+    assert len(progress) == 1 and re.fullmatch(r"train dgpo: step 1/1, reward -?\d\.\d{4}, elapsed \d+:\d\d:\d\d, "
+                                               r"eta 0:00:00", progress[0]), printed.err
