@@ -271,11 +271,13 @@ def _best(run: Path) -> tuple:
 def test_ctrl_c_saves_the_last_whole_step_and_the_resumed_run_logs_the_same_metrics(toy, tmp_path, monkeypatch,
                                                                                      capsys):
     """Ctrl-C saved nothing since the last checkpoint (log.save_minutes: 10 by default). Now, after a
-    step, inside its update (the step is finished first, its evaluation and save included) or inside
-    its rollouts (the step before, saved already here), checkpoints/last holds the last whole step,
-    and the resumed run logs the uninterrupted run's metrics and evaluations. (A Ctrl-C inside step
-    2's update stopped the run before step 2's evaluation, which the resumed run, starting at step 3,
-    never made.)"""
+    step, inside its update (the step is finished first, its save included), inside its rollouts (the
+    step before, saved already here) or inside its evaluation (stopped at once), checkpoints/last
+    holds the last whole step, and the resumed run logs the uninterrupted run's metrics and
+    evaluations. (A Ctrl-C inside step 2's update stopped the run before step 2's evaluation, which the
+    resumed run, starting at step 3, never made; then the step's evaluation was made before stopping,
+    however long it took.) A step whose evaluation a Ctrl-C stopped or left is saved before it, and the
+    resumed run evaluates it first, the last step's too."""
     from dgpo_edge.train.rl.loop import RLTrainer
 
     steps = {"optim": {"steps": 4}, "data": {"dev": str(toy / "dev.jsonl")}, "eval": {"every": 2}}
@@ -286,13 +288,19 @@ def test_ctrl_c_saves_the_last_whole_step_and_the_resumed_run_logs_the_same_metr
     config = write_rl_config(toy, run, **steps)
 
     assert _interrupted(config, on_step=ctrl_c_after(1)) == holds_line(run, 1)
-    with ctrl_c_in_optimizer_step(monkeypatch, at=1):   # step 2's first optimizer step
-        assert _interrupted(config) == holds_line(run, 2)
-    assert [r["step"] for r in _evaluations(run)] == ["2"]
+    with ctrl_c_in_optimizer_step(monkeypatch, at=1):   # step 2's first optimizer step: its evaluation left
+        assert _interrupted(config) == holds_line(run, 2, eval_pending=True)
+    assert not (run / "eval.csv").exists()
     real_rollouts = RLTrainer._rollouts
-    with monkeypatch.context() as m:   # step 3's rollouts
+    with monkeypatch.context() as m:   # step 3's rollouts, once the resumed run has evaluated step 2
         m.setattr(RLTrainer, "_rollouts", lambda self, step: (step == 2 and ctrl_c()) or real_rollouts(self, step))
         assert _interrupted(config) == holds_line(run, 2)
+    assert [r["step"] for r in _evaluations(run)] == ["2"]
+    real_decoder = RLTrainer._eval_decoder
+    with monkeypatch.context() as m:   # the evaluation of step 4, the last
+        m.setattr(RLTrainer, "_eval_decoder", lambda self: (self.state.step == 4 and ctrl_c()) or real_decoder(self))
+        assert _interrupted(config) == holds_line(run, 4, eval_pending=True)
+    assert [r["step"] for r in _evaluations(run)] == ["2"]
     assert run_rl(load_rl_config("dgpo", config))["steps"] == 4
     assert_same_metrics(rows(run), rows(whole))
     assert _evaluations(run) == _evaluations(whole) and _best(run) == _best(whole)

@@ -139,6 +139,15 @@ def test_a_run_folder_of_another_command_or_model_is_refused_before_its_config_i
     assert (run / "config.yaml").read_text() == config_before
 
 
+def _assert_same_rows(a: list[dict], b: list[dict]) -> None:
+    """Two runs' metrics.csv rows: the same steps, losses up to float rounding, the same tokens."""
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        assert float(ra["loss"]) == pytest.approx(float(rb["loss"]), rel=1e-6, abs=1e-7), (ra, rb)
+        assert float(ra["lr"]) == pytest.approx(float(rb["lr"]), rel=1e-9)
+        assert ra["tokens"] == rb["tokens"]
+
+
 class _Crash(Exception):
     pass
 
@@ -162,10 +171,7 @@ def test_resume_after_interruption_gives_the_same_next_metrics(toy, tmp_path):
     a = read_metrics(tmp_path / "a" / "metrics.csv")
     b = read_metrics(tmp_path / "b" / "metrics.csv")
     assert [r["step"] for r in b] == [str(s) for s in range(1, 7)]  # no duplicated or missing rows
-    for ra, rb in zip(a, b):
-        assert float(ra["loss"]) == pytest.approx(float(rb["loss"]), rel=1e-6, abs=1e-7), (ra, rb)
-        assert float(ra["lr"]) == pytest.approx(float(rb["lr"]), rel=1e-9)
-        assert ra["tokens"] == rb["tokens"]
+    _assert_same_rows(a, b)
     wa, wb = _weights(tmp_path / "a" / "checkpoints" / "last"), _weights(tmp_path / "b" / "checkpoints" / "last")
     for k in wa:
         assert (wa[k] - wb[k]).abs().max() < 1e-5, k
@@ -229,7 +235,8 @@ def test_ctrl_c_saves_the_last_whole_step_and_the_rerun_ends_as_an_uninterrupted
     capsys.readouterr()
     with ctrl_c_in_optimizer_step(monkeypatch, at=2):   # once inside step 4's: the step is finished, then saved
         assert _interrupted(config) == holds_line(run, 4)
-    assert "saving once this step is finished, its evaluation and save included" in capsys.readouterr().err
+    assert ("interrupted: saving once this step is finished, leaving its dev evaluation, if one is still to come, "
+            "to the resumed run (Ctrl-C again stops at once, without saving it)") in capsys.readouterr().err
 
     def second_ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
@@ -243,45 +250,63 @@ def test_ctrl_c_saves_the_last_whole_step_and_the_rerun_ends_as_an_uninterrupted
     assert _sft(config)["steps"] == 6
     a, b = read_metrics(tmp_path / "a" / "metrics.csv"), read_metrics(run / "metrics.csv")
     assert [r["step"] for r in b] == [str(s) for s in range(1, 7)]
-    for ra, rb in zip(a, b):
-        assert float(ra["loss"]) == pytest.approx(float(rb["loss"]), rel=1e-6, abs=1e-7), (ra, rb)
-        assert float(ra["lr"]) == pytest.approx(float(rb["lr"]), rel=1e-9)
-        assert ra["tokens"] == rb["tokens"]
+    _assert_same_rows(a, b)
     wa, wb = _weights(tmp_path / "a" / "checkpoints" / "last"), _weights(last)
     assert all((wa[k] - wb[k]).abs().max() < 1e-5 for k in wa)
     assert not (run / "checkpoints" / ".last.tmp").exists()
 
 
-def test_ctrl_c_inside_a_step_that_evaluates_waits_for_its_evaluation(toy, tmp_path, monkeypatch):
+def test_ctrl_c_in_a_step_that_evaluates_leaves_its_evaluation_to_the_resumed_run(toy, tmp_path, monkeypatch):
     """A Ctrl-C inside step 2's update stopped the run after its metric row but before its evaluation,
     and one during the evaluation stopped it there: either way `last` held step 2, the resumed run
     began at step 3, and step 2 was never evaluated (eval.csv lacked its row and `best` came from a
-    later step). Now the step is evaluated and saved first."""
+    later step). Then the step was evaluated and saved first, and a dev evaluation takes up to
+    minutes, during which Ctrl-C seemed to do nothing. Now the evaluation stops at once (no more of
+    its batches, none at all after a Ctrl-C in the update), `last` holds step 2 marked as not yet
+    evaluated, the line says so, and the resumed run evaluates step 2 first: the uninterrupted run's
+    eval rows and `best`."""
     pytest.importorskip("dgpo_edge.train.rollout")
-    from dgpo_edge.train.trainer import Trainer
+    from dgpo_edge.train import rollout
 
     def config(name: str) -> Path:
         return write_config(tmp_path / f"{name}.yaml", toy["student"], toy["train"], tmp_path / name,
                             optim={"max_steps": 4, "batch_size": 2},
                             data={"dev": str(toy["dev"]), "retriever": str(toy["corpus"])},
-                            eval={"every": 2, "engine": "plain"}, protocol={"max_turn_tokens": 8})
+                            eval={"every": 2, "engine": "plain", "batch_size": 1}, protocol={"max_turn_tokens": 8})
 
-    def stopped_then_resumed(name: str) -> dict:
-        assert _interrupted(config(name)) == holds_line(tmp_path / name, 2)
-        return _sft(config(name))
+    real_play, batches, press = rollout._play, [], {"at": 0}
 
+    def play(*args, **kwargs):   # one call per batch of dev questions (one question each here)
+        batches.append(1)
+        if len(batches) == press["at"]:
+            ctrl_c()
+        return real_play(*args, **kwargs)
+
+    def stopped_then_resumed(name: str, at_batch: int = 0) -> tuple[int, dict]:
+        """The run stopped, then resumed: how many dev batches the stopped run began, and the summary."""
+        run = tmp_path / name
+        batches.clear()
+        press["at"] = at_batch
+        assert _interrupted(config(name)) == holds_line(run, 2, eval_pending=True)
+        assert not (run / "eval.csv").exists() and not (run / "checkpoints" / "best").exists()
+        began, press["at"] = len(batches), 0
+        return began, _sft(config(name))
+
+    monkeypatch.setattr(rollout, "_play", play)
     whole = _sft(config("whole"))
+    assert len(batches) == 4   # two evaluations of the two dev questions
     want = read_metrics(tmp_path / "whole" / "eval.csv")
     assert [r["step"] for r in want] == ["2", "4"]
     with ctrl_c_in_optimizer_step(monkeypatch, at=2):   # step 2's
         in_update = stopped_then_resumed("update")
-    real_decoder = Trainer._eval_decoder
-    with monkeypatch.context() as m:   # step 2's evaluation
-        m.setattr(Trainer, "_eval_decoder", lambda self: (self.state.step == 2 and ctrl_c()) or real_decoder(self))
-        in_evaluation = stopped_then_resumed("evaluation")
-    for name, resumed in (("update", in_update), ("evaluation", in_evaluation)):
+    in_evaluation = stopped_then_resumed("evaluation", at_batch=1)   # inside step 2's first dev batch
+    assert (in_update[0], in_evaluation[0]) == (0, 1)
+    for name, (_, resumed) in (("update", in_update), ("evaluation", in_evaluation)):
         assert read_metrics(tmp_path / name / "eval.csv") == want, name
         assert (resumed["best"], resumed["best_step"]) == (whole["best"], whole["best_step"]), name
+        _assert_same_rows(read_metrics(tmp_path / name / "metrics.csv"),
+                          read_metrics(tmp_path / "whole" / "metrics.csv"))
+        assert saved_step(tmp_path / name) == 4
 
 
 def test_a_step_commits_before_the_backward_that_syncs(toy, tmp_path, monkeypatch):

@@ -153,7 +153,11 @@ def saved_step(run: Path) -> int:
     return json.loads((run / "checkpoints" / "last" / "trainer_state.json").read_text())["step"]
 
 
-def holds_line(run: Path, step: int) -> str:
-    """A Ctrl-C's line once `run`/checkpoints/last holds `step` (checked), with run.resume on."""
-    assert saved_step(run) == step
-    return f"interrupted: {run / 'checkpoints' / 'last'} holds step {step}; run the same command again to resume from there"
+def holds_line(run: Path, step: int, eval_pending: bool = False) -> str:
+    """A Ctrl-C's line once `run`/checkpoints/last holds `step` (checked), with run.resume on;
+    `eval_pending`: saved by a Ctrl-C during the step's dev evaluation (checked too)."""
+    state = json.loads((run / "checkpoints" / "last" / "trainer_state.json").read_text())
+    assert (state["step"], state.get("eval_pending", False)) == (step, eval_pending)
+    before = ", before its dev evaluation, which the resumed run does first" if eval_pending else ""
+    return (f"interrupted: {run / 'checkpoints' / 'last'} holds step {step}{before}; run the same command again "
+            "to resume from there")

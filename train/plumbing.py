@@ -340,32 +340,39 @@ class Interrupts:
     A step changes what is kept from `commit` on (the weights from its first optimizer step; tgo's
     output from its first append), and what follows (the step count, the scheduler, the metric row,
     the evaluation and the save; tgo's progress file) belongs to it: stopped in between, the checkpoint
-    would mix two steps, a step stopped before its evaluation would never be evaluated (the resumed run
-    starts at the next step), and a chunk stopped between its two appends would be redone in part. So
-    from `commit` to `step_ends`, which the loop calls once all of that is done, a first Ctrl-C only
-    asks the loop to stop at `step_ends`; anywhere else it stops at once, and `stop` saves: after
+    would mix two steps, and a chunk stopped between its two appends would be redone in part. So from
+    `commit` to `step_ends`, which the loop calls once all of that is done, a first Ctrl-C only asks
+    the loop to stop at `step_ends`; anywhere else it stops at once, and `stop` saves: after
     `step_ends` the state is that step's, before `commit` the previous step's once `stop` has put back
     what the begun step drew (the random generators, and accelerate's micro-batch count, which decides
-    where gradients sync): the resumed run draws them again. A second Ctrl-C stops at once. A trainer
-    sets `saved` to the step that checkpoints/last holds for this run (resumed from or saved), so `stop`
-    does not write the same step again; tgo keeps each chunk as it ends, and has nothing to save.
+    where gradients sync): the resumed run draws them again. A trainer's dev evaluation (`evaluating`)
+    is the exception: it changes nothing a checkpoint holds, and on a big dev set it can take a minute
+    or more, so a Ctrl-C inside it (or one that came earlier in the step) stops it at once, and `stop`
+    saves the step as it was before the evaluation (the generators put back), marked `eval_pending`:
+    the resumed run evaluates that step first, as the uninterrupted run did, so its eval rows and
+    `best` are the same. A second Ctrl-C stops at once. A trainer sets `saved` to the step that
+    checkpoints/last holds for this run (resumed from or saved), so `stop` does not write the same
+    step again; tgo keeps each chunk as it ends, and has nothing to save.
 
     With one process only (`acc`: the run's accelerator; None: one process without one): with several,
     every rank would have to stop at the same step to save together (a save waits for all of them), so
     there Ctrl-C stops the run as it always did. `unit` names a step in the lines ("chunk" for tgo),
-    `finishing` says what a first Ctrl-C inside one waits for.
+    `finishing` is the line of a first Ctrl-C inside one: what it waits for, and what a second gives up.
     """
 
     def __init__(self, acc: Any = None, unit: str = "step",
-                 finishing: str = "saving once this step is finished, its evaluation and save included"):
+                 finishing: str = ("saving once this step is finished, leaving its dev evaluation, if one is still "
+                                   "to come, to the resumed run (Ctrl-C again stops at once, without saving it)")):
         self.acc = acc
         self.enabled = acc is None or acc.num_processes == 1
         self.unit, self.finishing = unit, finishing
-        self.phase = "done"   # begun (nothing changed yet) | commit (the kept state is changing) | done
+        # begun (nothing changed yet) | commit (the kept state is changing) | evaluating | done
+        self.phase = "done"
         self.requested = False
         self.saved: int | None = None
         self.running = 0      # the step begun last (counted from 1)
         self._drawn: tuple | None = None
+        self._before_eval: tuple | None = None
 
     @contextlib.contextmanager
     def watch(self):
@@ -387,7 +394,7 @@ class Interrupts:
         if self.phase != "commit" or self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print(f"interrupted: {self.finishing} (Ctrl-C again stops at once, without it)", file=sys.stderr, flush=True)
+        print(f"interrupted: {self.finishing}", file=sys.stderr, flush=True)
 
     def step_begins(self, step: int) -> None:
         """Call as step number `step` (counted from 1) begins, before it draws anything."""
@@ -399,6 +406,18 @@ class Interrupts:
         """Call just before the step first changes what is kept (a trainer: its first optimizer step)."""
         self.phase = "commit"
 
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Around a dev evaluation (the hook's rollouts, not the logging and `best` that follow): a
+        Ctrl-C inside it, or one that came earlier in the step, stops it at once; `stop` then saves the
+        step as it was before the evaluation, for the resumed run to evaluate again."""
+        previous, self.phase = self.phase, "evaluating"
+        self._before_eval = _rng_states()   # an evaluation that draws would leave them moved
+        if self.requested:   # a Ctrl-C in the update: no minutes of evaluation before stopping
+            raise KeyboardInterrupt
+        yield
+        self.phase = previous
+
     def step_ends(self) -> None:
         """Call once the step is done, its bookkeeping, evaluation and save included; stops here when a
         Ctrl-C came after its commit."""
@@ -406,9 +425,9 @@ class Interrupts:
         if self.requested:
             raise KeyboardInterrupt
 
-    def stop(self, step: int, save: Callable[[], None] | None, holds: Callable[[], str]) -> NoReturn:
-        """Call from `except KeyboardInterrupt:` around the loop: `save()` the last whole step (unless
-        `saved` says it is saved already; None: every step is kept as it ends) and raise
+    def stop(self, step: int, save: Callable[..., None] | None, holds: Callable[[], str]) -> NoReturn:
+        """Call from `except KeyboardInterrupt:` around the loop: `save(eval_pending=...)` the last whole
+        step (unless `saved` says it is saved already; None: every step is kept as it ends) and raise
         TrainingInterrupted, whose line ends with `holds()` (what is kept and how to go on, read once
         saved: `last_holds` for a trainer); with several processes, re-raise."""
         if not self.enabled:
@@ -420,10 +439,13 @@ class Interrupts:
             _set_rng_states(rng)
             if self.acc is not None:
                 self.acc.step = acc_step
-            self.phase = "done"
+        pending = self.phase == "evaluating"
+        if pending:
+            _set_rng_states(self._before_eval)
+        self.phase = "done"
         if save is not None and step and self.saved != step:
             try:
-                save()
+                save(eval_pending=pending)
             except KeyboardInterrupt:   # the save was written into a temp folder: `last` is as it was
                 raise TrainingInterrupted(f"interrupted again while saving: {holds()}") from None
         raise TrainingInterrupted(f"interrupted: {holds()}") from None
@@ -438,22 +460,26 @@ def last_holds(last: Path, resume: bool, ours: bool = True) -> str:
     """What checkpoints/last holds, and how to go on from it (`run.resume`: whether the run had it on).
     `ours=False`: this run, a fresh start, saved nothing, and has dropped the metric rows of whatever
     `last` holds (Loggers), so resuming from it is not what to offer."""
-    step = _saved_step(last)
-    if step is None:
+    saved = _saved_state(last)
+    if saved is None:
         return f"nothing saved ({last} not written yet)"
+    step, pending = saved
     if not ours:
         return (f"nothing saved by this run (run.resume=false): {last} still holds an earlier attempt's step {step}, "
                 "whose metric rows this run dropped; the same command starts again from step 0")
     how = "run the same command again" + ("" if resume else " with run.resume=true")
-    return f"{last} holds step {step}; {how} to resume from there"
+    before = ", before its dev evaluation, which the resumed run does first" if pending else ""
+    return f"{last} holds step {step}{before}; {how} to resume from there"
 
 
-def _saved_step(last: Path) -> int | None:
-    """The step of checkpoints/last (or of `.last.old`, which prepare_run_dir restores), None without one."""
+def _saved_state(last: Path) -> tuple[int, bool] | None:
+    """The step of checkpoints/last (or of `.last.old`, which prepare_run_dir restores) and whether
+    its evaluation is still to be made (`eval_pending`), None without one."""
     for folder in (last, last.with_name(f".{last.name}.old")):
         try:
-            return int(json.loads((folder / "trainer_state.json").read_text())["step"])
-        except (OSError, ValueError, KeyError, TypeError):
+            state = json.loads((folder / "trainer_state.json").read_text())
+            return int(state["step"]), state.get("eval_pending") is True
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return None
 

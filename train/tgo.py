@@ -148,7 +148,8 @@ def generate_teacher_trajectories(model: Any, tokenizer: Any, examples: Sequence
     out.parent.mkdir(parents=True, exist_ok=True)
     done = done_ids(out)
     stats = TgoStats(questions=len(examples))
-    interrupts = Interrupts(unit="chunk", finishing="stopping once this chunk's trajectories are written")
+    interrupts = Interrupts(unit="chunk", finishing="stopping once this chunk's trajectories are written "
+                                                    "(Ctrl-C again stops at once, without it)")
     per = config.questions_per_chunk
     try:
         with interrupts.watch():

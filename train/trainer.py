@@ -14,7 +14,9 @@ a pure function of the optimizer step, so a run restarted from
 `checkpoints/last` sees exactly the batches an uninterrupted run would have
 seen next, with the same optimizer state and RNG - and so logs the same
 numbers (a test checks this). Ctrl-C saves `last` at the last whole step, as the periodic save
-does, and raises TrainingInterrupted (plumbing.Interrupts), so the rerun continues from there.
+does, and raises TrainingInterrupted (plumbing.Interrupts), so the rerun continues from there; one
+during a dev evaluation stops it and saves the step before it (`eval_pending`), which the rerun
+evaluates first.
 
 The loss is a hook too: `loss_fn(module, batch) -> (loss, stats)`, where
 `module` is the prepared `losses.MaskedLMLoss` (so DDP and autocast apply).
@@ -66,6 +68,8 @@ class TrainState:
     # between two rows averaged only the steps after the resume into the next one, so with log.every
     # > 1 that row's loss and tokens differed from the uninterrupted run's.
     window: dict = field(default_factory=dict)
+    # Saved by a Ctrl-C during this step's dev evaluation: the resumed run makes it first.
+    eval_pending: bool = False
 
 
 def check_zero3(config: Any, stage: int | None, processes: int) -> None:
@@ -180,6 +184,8 @@ class Trainer:
             self._window = window = self._new_window(self.state.window)
             with self.interrupts.watch(), progress_bar(self.acc.is_main_process, self.total_steps, start_step,
                                                        self.config.stage, bar=self.config.log.progress) as advance:
+                if self.state.eval_pending:   # the saved step's evaluation, which a Ctrl-C stopped
+                    self._after_step(logger)
                 while self.state.step < self.total_steps:
                     self.interrupts.step_begins(self.state.step + 1)
                     stats = self._optimizer_step()
@@ -197,7 +203,7 @@ class Trainer:
                     self._after_step(logger)
                     if self.on_step:
                         self.on_step(self.state.step, stats)
-                    self.interrupts.step_ends()   # last: a Ctrl-C in the step waits for its evaluation and save
+                    self.interrupts.step_ends()   # last: a Ctrl-C in the update waits for the save
         except KeyboardInterrupt:
             logger.close()
             self.interrupts.stop(self.state.step, self.save_last,
@@ -276,8 +282,9 @@ class Trainer:
             was_training = self.lm.training
             self.lm.eval()
             try:
-                model, engine = self._eval_decoder()
-                return self.eval_fn(model, self.state.step, engine)
+                with self.interrupts.evaluating():
+                    model, engine = self._eval_decoder()
+                    return self.eval_fn(model, self.state.step, engine)
             finally:
                 self.lm.train(was_training)
 
@@ -322,8 +329,10 @@ class Trainer:
 
         save_checkpoint(self.lm, self.tokenizer, path, extra=self.provenance(metrics))
 
-    def save_last(self) -> None:
-        """checkpoints/last: model + tokenizer (transformers format) and state/ for resuming."""
+    def save_last(self, eval_pending: bool = False) -> None:
+        """checkpoints/last: model + tokenizer (transformers format) and state/ for resuming;
+        `eval_pending`: the step's evaluation was stopped, for the resumed run to make."""
+        self.state.eval_pending = eval_pending
         window = getattr(self, "_window", None)
         self.state.window = {} if not window else {
             **{k: window[k] for k in ("loss", "n", "tokens", "loss_tokens")},

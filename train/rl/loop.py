@@ -27,7 +27,8 @@ The math is in math.py, the models in models.py (loading: train/models.py). Ever
 seeded by (seed, step, process), and checkpoints/last holds the models,
 optimizers, schedulers, RNG and the loop state, so a run killed at any point
 and resumed logs the same metrics as one that never stopped (a test checks it).
-Ctrl-C saves it at the last whole step first (plumbing.Interrupts).
+Ctrl-C saves it at the last whole step first (plumbing.Interrupts); one during a dev evaluation
+stops it and saves the step before it, which the resumed run evaluates first.
 Metrics per step go to metrics.csv and TensorBoard; dev EM to eval.csv.
 """
 
@@ -94,6 +95,7 @@ class RLState:
     rollouts: int = 0
     collapse: dict = field(default_factory=dict)
     stopped: str | None = None
+    eval_pending: bool = False   # saved by a Ctrl-C during this step's evaluation: the resumed run makes it first
 
 
 class _Clock:
@@ -314,6 +316,8 @@ class RLTrainer:
             with self.interrupts.watch(), progress_bar(self.acc.is_main_process, total, self.state.step,
                                                        self.config.algorithm, shows="reward",
                                                        bar=self.config.log.progress) as advance:
+                if self.state.eval_pending:   # the saved step's evaluation, which a Ctrl-C stopped
+                    self._after_step(eval_fn, logger)
                 while self.state.step < total and self.state.stopped is None:
                     self.interrupts.step_begins(self.state.step + 1)
                     row = self.step()
@@ -328,7 +332,7 @@ class RLTrainer:
                     self._after_step(eval_fn, logger)
                     if self.on_step:
                         self.on_step(self.state.step, row)
-                    self.interrupts.step_ends()   # last: a Ctrl-C in the step waits for its evaluation and save
+                    self.interrupts.step_ends()   # last: a Ctrl-C in the update waits for the save
         except KeyboardInterrupt:
             logger.close()
             self.interrupts.stop(self.state.step, self.save_last,
@@ -626,8 +630,9 @@ class RLTrainer:
         from ..lora import save_checkpoint
 
         def evaluate() -> dict:
-            model, engine = self._eval_decoder()
-            return eval_fn(model, self.state.step, engine)
+            with self.interrupts.evaluating():
+                model, engine = self._eval_decoder()
+                return eval_fn(model, self.state.step, engine)
 
         evaluate_and_keep_best(self.acc, self.state, evaluate, logger, self.config.eval.best_metric,
                                lambda metrics: save_checkpoint(self.lm, self.tokenizer, self.ckpt / "best",
@@ -641,7 +646,9 @@ class RLTrainer:
         return {"made_by": f"dgpo-edge train {self.config.algorithm}", "step": self.state.step,
                 "metrics": metrics or {}, "config": str(self.out / "config.yaml"), "train_data": self._data_digest}
 
-    def save_last(self) -> None:
+    def save_last(self, eval_pending: bool = False) -> None:
+        """checkpoints/last; `eval_pending`: the step's evaluation was stopped, for the resumed run to make."""
+        self.state.eval_pending = eval_pending
         write_last(self.acc, self.ckpt, self.lm, self.tokenizer, asdict(self.state), self._provenance(),
                    states=self._states())
         self.save_clock.saved()
