@@ -142,7 +142,7 @@ def settle_dir(dst: str | Path) -> None:
     journal = _journal(dst)
     try:
         entry = json.loads(journal.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):   # no journal; or a path under a file, which callers name
         return
     except ValueError:   # torn: killed while it was written, so before the first rename
         entry = {}

@@ -454,6 +454,42 @@ def test_a_best_checkpoint_stopped_while_written_is_not_recorded_as_best(tmp_pat
     assert (state.best, state.best_step) == (0.5, 2)
 
 
+def test_a_pending_evaluation_drops_its_own_rows_so_a_second_stop_does_not_write_them_twice(tmp_path):
+    """A run resumed at step 3 with its evaluation pending writes step 3's eval row (and report row)
+    again; stopped once more before its next save, it resumes from the same pending step 3, so that
+    row must go with the truncation, or eval.csv holds it twice. metrics.csv keeps step 3's train row."""
+    from types import SimpleNamespace
+
+    from dgpo_edge.train.plumbing import Loggers
+
+    (tmp_path / "metrics.csv").write_text("step,loss\n1,0.9\n2,0.8\n3,0.7\n")
+    (tmp_path / "eval.csv").write_text("step,dev_em\n2,0.4\n3,0.5\n")
+    (tmp_path / "report.jsonl").write_text('{"step": 2, "em": 0.3}\n{"step": 3, "em": 0.35}\n')
+    config = SimpleNamespace(log=SimpleNamespace(tensorboard=False, wandb=False))
+    Loggers(config, tmp_path, True, 3, eval_pending=True)
+    assert (tmp_path / "metrics.csv").read_text() == "step,loss\n1,0.9\n2,0.8\n3,0.7\n"
+    assert (tmp_path / "eval.csv").read_text() == "step,dev_em\n2,0.4\n"
+    assert (tmp_path / "report.jsonl").read_text() == '{"step": 2, "em": 0.3}\n'
+    Loggers(config, tmp_path, True, 3)   # not pending: step 3's rows are the saved step's own
+    assert (tmp_path / "eval.csv").read_text() == "step,dev_em\n2,0.4\n"
+
+
+def test_a_best_old_left_without_a_journal_is_put_back_or_removed_at_start(tmp_path):
+    """A `best` save killed between its two renames by a dgpo-edge older than replace_dir's journal
+    leaves checkpoints/.best.old; replace_dir refuses to rename over one no journal vouches for, so a
+    resumed run stopped at its next better evaluation, hours in. The run's start settles it, as `last`."""
+    from dgpo_edge.train.plumbing import _settle_checkpoint
+
+    ckpt = tmp_path / "checkpoints"
+    (ckpt / ".best.old").mkdir(parents=True)
+    (ckpt / ".best.old" / "model.safetensors").write_bytes(b"old best")
+    _settle_checkpoint(ckpt / "best")   # best missing: killed between the renames, the old one back
+    assert (ckpt / "best" / "model.safetensors").read_bytes() == b"old best" and not (ckpt / ".best.old").exists()
+    (ckpt / ".best.old").mkdir()
+    _settle_checkpoint(ckpt / "best")   # best there: the leftover goes
+    assert (ckpt / "best").is_dir() and not (ckpt / ".best.old").exists()
+
+
 def test_plain_progress_lines_come_after_the_first_step_every_30_s_and_at_the_end(capsys):
     from dgpo_edge.train.plumbing import PlainProgress
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dgpo_edge.errors import InputError
-from dgpo_edge.jsonio import check_folder_path, check_holds_only, replace_dir, settle_dir
+from dgpo_edge.jsonio import aside, check_folder_path, check_holds_only, replace_dir, settle
 
 from .config import resolved_stage, write_resolved
 
@@ -271,6 +271,19 @@ def check_run_dir(out: Path, stage: str | None = None) -> None:
                          f"of its own", out)
 
 
+def _settle_checkpoint(folder: Path) -> None:
+    """Put back `.NAME.old` when a save of checkpoints/NAME was killed between its two renames
+    (`settle`: by replace_dir's journal, one error line when that fails), else remove it once NAME is
+    there. Without a journal it is what a dgpo-edge older than the journal left, and checkpoints/ is
+    the run's own: a leftover `.best.old` would otherwise stop the run, hours in, at its next best."""
+    settle(folder)
+    old = aside(folder)
+    if not folder.exists() and old.exists():
+        os.replace(old, folder)
+    elif folder.exists() and old.exists():
+        shutil.rmtree(old)
+
+
 def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = None) -> dict | None:
     """Create out_dir, recover from an interrupted swap, and - when `run.resume` and `checkpoints/last`
     exist - load the saved state (from state/<name> into each of `states`, as `write_last` saved it);
@@ -283,11 +296,8 @@ def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = N
                                       or (not last.exists() and (old / "trainer_state.json").is_file()))
     if acc.is_main_process:
         ckpt.mkdir(parents=True, exist_ok=True)
-        settle_dir(last)   # a save killed between the two renames of _swap_in: .last.old put back
-        if not last.exists() and old.exists():  # the same, by a dgpo-edge older than replace_dir's journal
-            os.replace(old, last)
-        elif last.exists() and old.exists():   # and its leftover, which the next save would be refused for
-            shutil.rmtree(old)
+        for name in ("last", "best"):   # a save killed between the two renames of replace_dir
+            _settle_checkpoint(ckpt / name)
     acc.wait_for_everyone()
     saved = None
     if resuming:   # before the config is written: a checkpoint that does not fit leaves the run as it was
@@ -542,9 +552,13 @@ def peak_memory_gb() -> float:
 
 
 class Loggers:
-    """metrics.csv / eval.csv / report.jsonl (rows after a resumed step are dropped), TensorBoard, W&B."""
+    """metrics.csv / eval.csv / report.jsonl (rows after a resumed step are dropped), TensorBoard, W&B.
 
-    def __init__(self, config: Any, out: Path, main: bool, start_step: int):
+    `eval_pending`: the resumed step's evaluation was stopped by a Ctrl-C and is done again first, so
+    its eval.csv and report.jsonl rows go too: a resumed run stopped again after writing them, before
+    its next save, resumes from the same pending step, and would otherwise write them twice."""
+
+    def __init__(self, config: Any, out: Path, main: bool, start_step: int, eval_pending: bool = False):
         self.main = main
         self.train_csv = out / "metrics.csv"
         self.eval_csv = out / "eval.csv"
@@ -553,9 +567,10 @@ class Loggers:
         self.wandb = None
         if not main:
             return
-        for path in (self.train_csv, self.eval_csv):
-            _truncate_csv(path, start_step)
-        _truncate_jsonl(self.report_jsonl, start_step)
+        evals_through = start_step - 1 if eval_pending else start_step
+        _truncate_csv(self.train_csv, start_step)
+        _truncate_csv(self.eval_csv, evals_through)
+        _truncate_jsonl(self.report_jsonl, evals_through)
         if config.log.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -174,7 +174,8 @@ class Trainer:
     def train(self) -> dict:
         """Train to `total_steps`, resuming when a last checkpoint exists; returns the summary."""
         self._prepare_run_dir()
-        logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
+        logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step,
+                         self.state.eval_pending)
         t_start = time.perf_counter() - self.state.elapsed_s
         start_step = self.state.step
         try:

@@ -4,7 +4,7 @@
 # JSON, JSON lines or log a job wrote under out/results/ (a lease's rows.jsonl stayed behind before), e.g. bench/rollout.py --out out/results/rollout.json) as
 # $OUT/results.tgz, which a call returns (at most 8 files of 16 MiB), and each KD adapter in out/pack as
 # $OUT/NAME-adapter.tgz.
-#   bash bench/lease/watch.sh SECONDS    # at most SECONDS: sooner once out/logs/lease.done exists
+#   bash bench/lease/watch.sh SECONDS    # about SECONDS (and the packing of results every 60 s): sooner once out/logs/lease.done exists
 # A log with a Python traceback is named on a line starting with "!!" (a row out of GPU memory, say).
 # Issue the next watch the moment one returns: a machine with no call in flight goes back after 30 s,
 # with everything on it. Editing code here while a lease runs means no call is in flight: a lease

@@ -306,7 +306,8 @@ class RLTrainer:
             self.interrupts.saved = self.state.step
             self.watch.load_state_dict(self.state.collapse)
             self._sync_rollout_copy()   # the actor's weights were just restored
-        logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step)
+        logger = Loggers(self.config, self.out, self.acc.is_main_process, self.state.step,
+                         self.state.eval_pending)
         t_start = time.perf_counter() - self.state.elapsed_s
         total = self.config.optim.steps
         try:
