@@ -282,7 +282,7 @@ def check_folder_path(out: Path, name: str = "the output path") -> None:
     for path in (out, *out.parents):
         if path.is_dir():
             return
-        if path.exists() or path.is_symlink():
+        if _there(path):
             raise InputError(f"{name} exists and is not a folder" if path == out else
                              f"is not a folder, so {name} {out} cannot be made in it", path)
 

@@ -291,7 +291,8 @@ def prepare_run_dir(acc: Any, config: Any, out: Path, *, states: dict | None = N
     check_run_dir(out, config.stage)   # on every process, so that all of them stop,
     acc.wait_for_everyone()   # and before the main process writes a file that another would see
     ckpt = out / "checkpoints"
-    last, old = ckpt / "last", ckpt / ".last.old"
+    last = ckpt / "last"
+    old = aside(last)
     resuming = config.run.resume and ((last / "trainer_state.json").is_file()
                                       or (not last.exists() and (old / "trainer_state.json").is_file()))
     if acc.is_main_process:
@@ -485,7 +486,7 @@ def last_holds(last: Path, resume: bool, ours: bool = True) -> str:
 def _saved_state(last: Path) -> tuple[int, bool] | None:
     """The step of checkpoints/last (or of `.last.old`, which prepare_run_dir restores) and whether
     its evaluation is still to be made (`eval_pending`), None without one."""
-    for folder in (last, last.with_name(f".{last.name}.old")):
+    for folder in (last, aside(last)):
         try:
             state = json.loads((folder / "trainer_state.json").read_text())
             return int(state["step"]), state.get("eval_pending") is True

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .pipeline import WorldSpec
+from .pipeline import HOLDOUT, WorldSpec
 from .records import C, P, T, Y, CardWorld, Field, Kind, build_cards
 
 # first names used by neither the notes world nor records (a test checks it)
@@ -75,7 +75,7 @@ CATALOG = CardWorld(
     unit="cards")
 
 
-def build_catalog(out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+def build_catalog(out: str | Path, seed: int = 0, holdout: float = HOLDOUT, size: int | None = None,
                   say: Callable[[str], None] = lambda msg: None) -> dict:
     """Build the catalog world into `out` (`size`: how many cards; default 360)."""
     return build_cards(CATALOG, out, seed, holdout, size, say)

