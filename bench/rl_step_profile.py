@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     from dgpo_edge.train.rl.loop import RLTrainer
 
     quiet_transformers()
-    config = load_rl_config(args.algorithm, args.config, [*args.overrides, "log.progress=false"])
+    # The steps are called one by one, not through the trainer's run loop, so no progress bar is drawn.
+    config = load_rl_config(args.algorithm, args.config, args.overrides)
     trainer = RLTrainer(config)
     for _ in range(args.warm):
         _next(trainer)

@@ -273,6 +273,21 @@ def test_default_builds_record_no_option_and_are_what_they_were(tmp_path):
     assert "size" not in json.loads((tmp_path / "other" / "stats.json").read_text(encoding="utf-8"))
 
 
+def test_the_commands_holdout_default_is_the_builders():
+    """`data build` and `data factbook` write 0.15 as their --holdout default (importing the
+    builders to read it would slow every command's start); a build at the default must record no
+    holdout, so the two numbers are one."""
+    import inspect
+
+    from dgpo_edge.cli import data as data_cli
+    from dgpo_edge.worlds.pipeline import HOLDOUT
+
+    for command in (data_cli.build, data_cli.factbook):
+        option = inspect.signature(command).parameters["holdout"].default
+        assert option.default == HOLDOUT, command.__name__
+        assert str(HOLDOUT) in option.help or command is data_cli.factbook
+
+
 # ------------------------------------------------------------------- notes
 
 def test_notes_chain_the_issue_asks_for(tmp_path):

@@ -505,7 +505,7 @@ def load_lm(path: str, tokenizer_path: str | None = None, random_init: dict | No
     models - seeded by `seed`; only the config and tokenizer are read.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     src = Path(resolve_path(path))
     if not src.exists() and _is_hub_id(path):  # for users with a model hub
@@ -516,15 +516,11 @@ def load_lm(path: str, tokenizer_path: str | None = None, random_init: dict | No
         return model, tokenizer
     if not src.exists():
         raise InputError("no such model file or directory", src)
+    # The settings are checked before the tokenizer loads (a GGUF's takes ~15 s to convert): a
+    # misspelt key is refused at once.
+    config = None if random_init is None else _random_init_config(src, random_init)
     tokenizer = load_tokenizer(tokenizer_path or str(src))
-    if random_init is not None:
-        kwargs = {"gguf_file": src.name} if src.suffix == ".gguf" else {}
-        config = AutoConfig.from_pretrained(src.parent if kwargs else src, **kwargs)
-        for key, value in random_init.items():
-            check_random_init_key(config, key, src)
-            setattr(config, key, value)
-        for attr in ("quantization_config",):
-            config.__dict__.pop(attr, None)
+    if config is not None:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     elif src.suffix == ".gguf":
@@ -538,6 +534,19 @@ def load_lm(path: str, tokenizer_path: str | None = None, random_init: dict | No
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def _random_init_config(src: Path, random_init: dict) -> Any:
+    """The config of the model at `src` with `random_init`'s overrides, each key checked."""
+    from transformers import AutoConfig
+
+    kwargs = {"gguf_file": src.name} if src.suffix == ".gguf" else {}
+    config = AutoConfig.from_pretrained(src.parent if kwargs else src, **kwargs)
+    for key, value in random_init.items():
+        check_random_init_key(config, key, src)
+        setattr(config, key, value)
+    config.__dict__.pop("quantization_config", None)
+    return config
 
 
 def _from_hub(load: Any, spec: str) -> Any:
