@@ -1,7 +1,8 @@
 """Atomic file writes and line-numbered JSON-lines reading (the one JSONL reader: bounded lines, BOM).
 
 Every artifact is written to a temporary file in the target's directory and
-renamed into place, so a crash never leaves a half-written file behind.
+renamed into place, so a crash never leaves a half-written file behind; the next write of the
+same target removes the temporary that a killed one left (`temps`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import temps
 from .errors import REFUSED_BY_SYSTEM, InputError
 
 
@@ -31,14 +33,17 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     if not path.exists():   # a file above it (`--out notes.txt/m.gguf`): no file can be made there
         check_folder_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    prefix = f".{path.name}."
+    temps.sweep(path.parent, temps.temp_pattern(prefix, ".tmp"))   # what killed writes of `path` left
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        make_readable(tmp)
-        yield Path(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with temps.holding(tmp):
+            make_readable(tmp)
+            yield Path(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -348,16 +353,19 @@ def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
     """
     out = Path(out).absolute()   # `--out .` has no name to put a temp folder beside
     check_replaceable(out, mine, what)
+    prefix = f".{out.name}."
     with making_folder(out):   # named as given, not as the temp folder
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        temps.sweep(out.parent, temps.temp_pattern(prefix, ".tmp"))   # what killed builds of `out` left
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=out.parent))
     try:
-        yield tmp
-        os.chmod(tmp, 0o755)
-        for f in tmp.rglob("*"):  # some writers create 0600 files (mkstemp); be like open()
-            if f.is_file():
-                make_readable(f)
-        replace_dir(tmp, out)
+        with temps.holding(tmp):
+            yield tmp
+            os.chmod(tmp, 0o755)
+            for f in tmp.rglob("*"):  # some writers create 0600 files (mkstemp); be like open()
+                if f.is_file():
+                    make_readable(f)
+            replace_dir(tmp, out)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in REFUSED_BY_SYSTEM:   # a full disk: --out, not a temp file

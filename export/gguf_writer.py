@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dgpo_edge.bundle.student import rope_permute
+from dgpo_edge import temps
 from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import atomic_path, check_folder_path, check_outside_bundle
 
@@ -45,8 +46,8 @@ def write_gguf(model: str | Path, out: str | Path, quant: str = "f16",
             _write(ckpt, tmp, quant, pre)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as d:
-        f16 = Path(d) / "f16.gguf"
+    with temps.work_dir(out.parent, f".{out.name}.") as d:   # a killed export's f16 copy: swept next time
+        f16 = d / "f16.gguf"
         _write(ckpt, f16, "f16", pre)
         with atomic_path(out) as tmp:
             quantize_gguf(f16, tmp, quant, threads=threads)

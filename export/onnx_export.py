@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from dgpo_edge.engines.onnx_genai import OnnxGenaiEngine
+from dgpo_edge import temps
 from dgpo_edge.errors import InputError
 from dgpo_edge.jsonio import replace_dir
 from dgpo_edge.train.models import check_out, written_here, write_provenance
@@ -51,10 +51,10 @@ def export_onnx(model: str | Path, out: str | Path, precision: str = "int4",
     check_out(out, ckpt.path, mine=is_onnx_export,
               what="an ONNX export dgpo-edge wrote (genai_config.json and model.onnx), with nothing added")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as work:
-        build = Path(work) / "model"
+    with temps.work_dir(out.parent, f".{out.name}.") as work:   # a killed export's: swept next time
+        build = work / "model"
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt.path),
-               "-o", str(build), "-p", precision, "-e", "cpu", "-c", str(Path(work) / "cache")]
+               "-o", str(build), "-p", precision, "-e", "cpu", "-c", str(work / "cache")]
         if precision == "int4":
             cmd += ["--extra_options", *INT4_OPTIONS]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import pytest
 
 faiss = pytest.importorskip("faiss")
 
+from dgpo_edge import temps  # noqa: E402
 from dgpo_edge.errors import InputError  # noqa: E402
 from dgpo_edge.retrieval import dense  # noqa: E402
 from dgpo_edge.retrieval.base import EncoderSpec  # noqa: E402
@@ -521,8 +523,12 @@ def test_a_compaction_killed_between_its_renames_is_finished_by_the_rerun(small,
         run = subprocess.run([sys.executable, "-c", script, str(at)], capture_output=True, text=True)
         assert run.returncode in (0, 137), run.stderr
         killed += run.returncode == 137
+        for left in out.glob(".partial-*"):   # the killed run's, a minute old: no writer of it is alive
+            then = time.time() - 2 * temps.STALE_AFTER_S
+            os.utime(left, (then, then))
         replace_with_new(flat, jsonl, out)
         assert assert_whole_and_searchable(out, flat) == new
+        assert not list(out.glob(".partial-*")), at   # the rerun removed it
         if run.returncode == 0:
             break
     assert run.returncode == 0 and killed >= 5

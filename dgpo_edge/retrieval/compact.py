@@ -70,7 +70,8 @@ finishes them first, so DIR holds the old index or the new one, whole; a kill
 between them leaves the marker `DIR/.dgpo-edge-swap`, which lets the rerun
 replace the half-renamed files (with `--overwrite` when they were replacing an
 index). Any exception removes the partial folder, and DIR itself when this call
-created it and it is still empty.
+created it and it is still empty; a partial folder that a killed compaction left is removed by
+the next compaction into DIR (`temps.sweep`: one no process holds).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, jsonio
+from .. import __version__, jsonio, temps
 from ..errors import InputError
 from ..jsonio import file_digest, iter_lines, require_file
 from .base import EncoderSpec
@@ -338,24 +339,26 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
     created = not out_dir.exists()
     with jsonio.making_folder(out_dir):   # /proc/x, a read-only disk: an error naming --out
         out_dir.mkdir(parents=True, exist_ok=True)
+        temps.sweep(out_dir, temps.temp_pattern(".partial-"))   # what killed compactions left
         partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))
     try:
-        with _threads(faiss, threads if threads is not None else (1 if n < SMALL_JOB else None)):
-            report = _build(faiss, flat, flat_path, corpus_path, partial, plan, n, d, nprobe, chunk,
-                            eval_queries, ks, seed, progress, query_noise, fts, say)
-        report["seconds"]["total"] = round(time.perf_counter() - t_start, 2)
-        params = {"factory": plan.factory, "nlist": plan.nlist, "nprobe": report["nprobe"],
-                  "pq": plan.pq, "pq_bits": plan.pq_bits, "opq": plan.opq, "opq_dim": plan.opq_dim,
-                  "train_size": plan.train_points, "seed": seed}
-        write_manifest(partial, files=(INDEX_FILE, STORE_FILE), kind=KIND, encoder=spec.to_dict(),
-                       count=n, dim=d, metric="ip", params=params,
-                       store={"bm25": fts, "compression": report.pop("store_compression")},
-                       source={"flat": flat_path.name, "flat_bytes": report["bytes"]["flat"],
-                               "corpus": corpus_path.name, "corpus_bytes": report["bytes"]["jsonl"]},
-                       report=report,
-                       produced_by=f"dgpo-edge {__version__}, faiss {faiss.__version__}")
-        install_files(partial, out_dir, [INDEX_FILE, STORE_FILE])
-        partial.rmdir()
+        with temps.holding(partial):
+            with _threads(faiss, threads if threads is not None else (1 if n < SMALL_JOB else None)):
+                report = _build(faiss, flat, flat_path, corpus_path, partial, plan, n, d, nprobe, chunk,
+                                eval_queries, ks, seed, progress, query_noise, fts, say)
+            report["seconds"]["total"] = round(time.perf_counter() - t_start, 2)
+            params = {"factory": plan.factory, "nlist": plan.nlist, "nprobe": report["nprobe"],
+                      "pq": plan.pq, "pq_bits": plan.pq_bits, "opq": plan.opq, "opq_dim": plan.opq_dim,
+                      "train_size": plan.train_points, "seed": seed}
+            write_manifest(partial, files=(INDEX_FILE, STORE_FILE), kind=KIND, encoder=spec.to_dict(),
+                           count=n, dim=d, metric="ip", params=params,
+                           store={"bm25": fts, "compression": report.pop("store_compression")},
+                           source={"flat": flat_path.name, "flat_bytes": report["bytes"]["flat"],
+                                   "corpus": corpus_path.name, "corpus_bytes": report["bytes"]["jsonl"]},
+                           report=report,
+                           produced_by=f"dgpo-edge {__version__}, faiss {faiss.__version__}")
+            install_files(partial, out_dir, [INDEX_FILE, STORE_FILE])
+            partial.rmdir()
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         if created:
@@ -573,7 +576,8 @@ def check_index_folder(out: Path, own: Iterable[str] = ()) -> None:
     folder, so a person's files there would be mixed with them, or replaced where names meet.
     `own`: what the builder itself leaves there (index build's work folder), which also vouches
     for index files a killed build left without their manifest, as SWAP_MARKER does for those of
-    interrupted renames. A killed compaction's .partial-* is hidden, and so left alone."""
+    interrupted renames. A killed compaction's .partial-* is hidden, and so left alone here (the
+    next compaction into the folder removes it: `temps.sweep`)."""
     index_files = {INDEX_FILE, STORE_FILE, MANIFEST_FILE}
     names = jsonio.check_holds_only(out, index_files, "an index's", "give the index a folder of its own")
     vouched = any((out / n).exists() for n in (*own, SWAP_MARKER))

@@ -30,11 +30,8 @@ than it saves, so small stores use plain zstd.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sqlite3
 import struct
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, islice
@@ -46,7 +43,7 @@ from .. import __version__
 from ..errors import InputError
 from ..fts import TITLE_WEIGHT, TOKENIZER as _FTS_TOKENIZER, create_table as _create_fts_table, \
     search as _search_fts
-from ..jsonio import make_readable, require_file
+from ..jsonio import atomic_path, require_file
 from ..protocol import Passage
 from .documents import DocRecord
 
@@ -88,18 +85,9 @@ class PassageStore:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        make_readable(tmp)
-        try:
+        with atomic_path(path) as tmp:
             _write_store(tmp, iter(passages), batch, progress, level, dict_size,
                          dict_min_passages, dict_sample_bytes, fts)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
         return cls(path)
 
     # --- opening ------------------------------------------------------------------
@@ -324,9 +312,7 @@ def _write_store(tmp: str, passages: Iterator[Passage], batch: int,
         # pragma only once, which frees a single page.
         db.executescript("PRAGMA incremental_vacuum;")
     finally:
-        db.close()
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
+        db.close()   # (atomic_path fsyncs the file before its rename)
 
 
 def _take_sample(passages: Iterator[Passage], min_count: int,

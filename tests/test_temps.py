@@ -1,0 +1,118 @@
+"""What killed writers leave (`dgpo_edge.temps`): temporaries held while written, swept once abandoned."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dgpo_edge import jsonio, temps
+
+from kill_helpers import KILL_AT_NTH_REPLACE
+
+pytestmark = pytest.mark.skipif(temps.fcntl is None, reason="no flock on this system: nothing is swept")
+
+
+def _age(path: Path, seconds: float = 2 * temps.STALE_AFTER_S) -> Path:
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+    return path
+
+
+def _old_file(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return _age(path)
+
+
+def test_only_abandoned_temporaries_of_that_name_are_swept(tmp_path):
+    pattern = temps.temp_pattern(".a.json.", ".tmp")
+    _old_file(tmp_path / ".a.json.k2x9_q0z.tmp", "half")
+    stale_dir = tmp_path / ".a.json.abcdefgh.tmp"
+    (stale_dir / "sub").mkdir(parents=True)
+    _age(stale_dir)
+    young = tmp_path / ".a.json.youngone.tmp"
+    young.write_text("just made: its writer may not hold it yet")
+    held = _old_file(tmp_path / ".a.json.heldheld.tmp", "a writer alive")
+    kept = {".a.json.youngone.tmp", ".a.json.heldheld.tmp"}
+    for name in (".a.json.short.tmp", ".a.json.abcdefgh.tmp.bak", "a.json.abcdefgh.tmp", ".a.json.ABCDEFGH.tmp",
+                 ".b.json.abcdefgh.tmp"):   # not a name mkstemp makes for a.json: a person's, or another target's
+        _old_file(tmp_path / name, "not ours")
+        kept.add(name)
+    (tmp_path / ".a.json.linklink.tmp").symlink_to(tmp_path / "elsewhere")
+    kept.add(".a.json.linklink.tmp")
+    with temps.holding(held):   # another open of the file: flock conflicts within one process too
+        removed = temps.sweep(tmp_path, pattern)
+    assert sorted(removed) == [".a.json.abcdefgh.tmp", ".a.json.k2x9_q0z.tmp"]
+    assert {p.name for p in tmp_path.iterdir()} == kept
+    assert temps.sweep(tmp_path, pattern) == [".a.json.heldheld.tmp"]   # let go: its writer is gone
+    assert temps.sweep(tmp_path / "missing", pattern) == []
+
+
+def _killed(code: str, at: int = 1) -> None:
+    """Run `code` in a child that dies (os._exit, no cleanup) at its `at`-th os.replace."""
+    run = subprocess.run([sys.executable, "-c", KILL_AT_NTH_REPLACE + code, str(at)], capture_output=True, text=True)
+    assert run.returncode == 137, run.stderr
+
+
+def test_the_next_write_of_a_file_removes_what_a_killed_one_left(tmp_path):
+    target = tmp_path / "report.json"
+    _killed(f"from dgpo_edge import jsonio\njsonio.write_json({str(target)!r}, {{'rows': [1] * 1000}})\n")
+    [left] = [p for p in tmp_path.iterdir()]
+    assert left.name.startswith(".report.json.") and left.name.endswith(".tmp") and not target.exists()
+    jsonio.write_json(target, {"rows": []})   # under a minute old: it could be a live writer's
+    assert left.exists()
+    _age(left)
+    jsonio.write_json(target, {"rows": [2]})
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+    assert json.loads(target.read_text(encoding="utf-8")) == {"rows": [2]}
+
+
+def test_the_next_build_of_a_folder_removes_what_a_killed_one_left(tmp_path):
+    out = tmp_path / "world"
+    _killed("from dgpo_edge import jsonio\n"
+            f"with jsonio.atomic_dir({str(out)!r}) as tmp:\n"
+            "    (tmp / 'corpus.jsonl').write_text('x' * 10000)\n"
+            "    jsonio.write_json(tmp / 'manifest.json', {'produced_by': 'dgpo-edge'})\n", at=2)
+    [left] = [p for p in tmp_path.iterdir()]
+    assert left.name.startswith(".world.") and (left / "corpus.jsonl").is_file() and not out.exists()
+    _age(left)
+    with jsonio.atomic_dir(out) as tmp:
+        jsonio.write_json(tmp / "manifest.json", {"produced_by": "dgpo-edge"})
+        assert sorted(p.name for p in tmp_path.iterdir()) == [tmp.name]   # swept before the new one was made
+    assert [p.name for p in tmp_path.iterdir()] == ["world"]
+
+
+def test_a_live_writers_temporary_is_left_alone(tmp_path):
+    """A writer still at work, however long it takes, holds its temporary: a second writer of the
+    same file does not remove it."""
+    target = tmp_path / "big.gguf"
+    with jsonio.atomic_path(target) as tmp:
+        tmp.write_bytes(b"part of a model")
+        _age(tmp)
+        jsonio.write_text(target, "another writer, finished first")
+        assert tmp.read_bytes() == b"part of a model"
+    assert target.read_bytes() == b"part of a model"
+    assert [p.name for p in tmp_path.iterdir()] == ["big.gguf"]
+
+
+def test_a_work_folder_is_removed_after_its_block_and_swept_after_a_kill(tmp_path):
+    """`export gguf` writes an f16 copy of the model in a work folder beside --out (a GB for a 0.5B
+    model): gone after the export, and after a killed export, gone at the next one."""
+    with temps.work_dir(tmp_path, ".m.gguf.") as work:
+        (work / "f16.gguf").write_bytes(b"x")
+    assert list(tmp_path.iterdir()) == []
+    _killed("from dgpo_edge import temps\n"
+            f"with temps.work_dir({str(tmp_path)!r}, '.m.gguf.') as work:\n"
+            "    (work / 'f16.gguf').write_bytes(b'x' * 1000)\n"
+            "    os.replace(work / 'f16.gguf', work / 'f16.gguf')\n")
+    [left] = list(tmp_path.iterdir())
+    assert (left / "f16.gguf").is_file()
+    _age(left)
+    with temps.work_dir(tmp_path, ".m.gguf.") as work:
+        assert list(tmp_path.iterdir()) == [work]
+    assert list(tmp_path.iterdir()) == []
