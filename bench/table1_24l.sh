@@ -15,6 +15,8 @@
 #            and 100), DGPO seed 1 again (to 113 steps) beside a teacher trained again (nc/): 1 x H200, 2026-11-29
 #   4c6714e  DGPO with the teacher term on every rollout, seeds 1 and 2, and DGPO seed 1 again, to 100 steps
 #            (the deadline stopped them at 128-135), beside a teacher trained again (ab2/): 2 x H200, 2026-11-29
+#   245528f  DGPO without cold start, seeds 1 and 2 (to 113 and 111 steps: test EM at 50 and 100), beside a
+#            teacher trained again (nc2/): 1 x H200, 2026-12-02
 # PYTHON (.venv/bin/python when there is one, else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,7 @@ py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)
 r=bench/results
 "$py" bench/table1.py $r/factbook_rows_2a0234c.jsonl rlt=$r/factbook_rows_193732f.jsonl abl=$r/factbook_rows_b22c911.jsonl \
   fill=$r/factbook_rows_1be926d.jsonl nc=$r/factbook_rows_b854d46.jsonl ab2=$r/factbook_rows_4c6714e.jsonl \
+  nc2=$r/factbook_rows_245528f.jsonl \
   --rl-step 200 --as base=base --as kd=kd --as teacher=teacher \
   --as rl100-teacher_ppo-s0=teacher_ppo --as rl200-teacher_ppo-s0=teacher_ppo_200steps \
   --as rl100-dgpo-s0=dgpo_100steps@0 --as rl100-dgpo-s1=dgpo_100steps@1 --as rl100-dgpo-s2=dgpo_100steps@2 \
@@ -45,6 +48,10 @@ r=bench/results
   --as nc/rl50-dgpo-s1=dgpo_rerun2_50steps@1 --as nc/rl100-dgpo-s1=dgpo_rerun2_100steps@1 \
   --as ab2/rl100-dgpo_all_rollouts-s1=dgpo_all_rollouts_100steps@1 \
   --as ab2/rl100-dgpo_all_rollouts-s2=dgpo_all_rollouts_100steps@2 --as ab2/rl100-dgpo-s1=dgpo_rerun3_100steps@1 \
+  --as nc2/rl50-dgpo_no_cold_start-s1=dgpo_no_cold_start_50steps@1 \
+  --as nc2/rl50-dgpo_no_cold_start-s2=dgpo_no_cold_start_50steps@2 \
+  --as nc2/rl100-dgpo_no_cold_start-s1=dgpo_no_cold_start_100steps@1 \
+  --as nc2/rl100-dgpo_no_cold_start-s2=dgpo_no_cold_start_100steps@2 \
   --pair dgpo:ppo --pair dgpo:kd --pair ppo:kd --pair dgpo:teacher --pair dgpo:teacher_ppo --pair teacher_ppo:teacher \
   --pair ppo:teacher --pair dgpo_100steps:ppo_100steps --pair dgpo_100steps:kd --pair ppo_100steps:kd \
   --pair dgpo_ppo_teacher_100steps:ppo_100steps --pair dgpo_ppo_teacher_100steps:kd \

@@ -86,3 +86,14 @@ def test_a_watch_cut_short_has_already_left_the_results_it_waited_on(tmp_path):
     assert [p.name for p in returned.iterdir()] == ["results.tgz"]
     with tarfile.open(returned / "results.tgz") as tgz:
         assert "results/worlds-eval.notes.jsonl" in tgz.getnames()
+
+
+def test_a_watch_on_a_machine_with_no_lease_work_says_so_at_once(tmp_path):
+    """The lease's machine goes back 30 s after a call with none after it; the next watch is then lent a
+    new, bare machine. It used to wait out its SECONDS there (two 300 s calls spent on 2026-12-02)."""
+    tree = _watch_copy(tmp_path)
+    shutil.rmtree(tree / "out")
+    done = subprocess.run(["bash", str(tree / "bench" / "lease" / "watch.sh"), "600"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 3
+    assert done.stdout.startswith("!! no lease work on this machine (no out/logs)")

@@ -13,7 +13,8 @@
 # the checkout again, and only processes started after it see the new code.
 # The wait ends early once out/logs/lease.done exists (a lease's work script touches it as its last step):
 # a machine held past the end of its work is device time spent on nothing (a lease on 2026-12-01 held
-# nearly 5 minutes so, of a 30-minute budget, waiting out a 300-second watch).
+# nearly 5 minutes so, of a 30-minute budget, waiting out a 300-second watch). On a machine that holds no
+# lease work (no out/logs: a new one, lent after the lease's went back) it exits 3 at once.
 cd "$(dirname "$0")/../.." || exit 1
 wait_s=${1:?usage: bench/lease/watch.sh SECONDS}
 [[ $wait_s =~ ^[0-9]+$ ]] || { echo "error: SECONDS '$wait_s': whole seconds" >&2; exit 2; }
@@ -30,6 +31,13 @@ bring_results() {  # $OUT/results.tgz made anew (written beside it, then renamed
   tar czf "$OUT/.results.tgz" -C "$(dirname "$r")" results && mv "$OUT/.results.tgz" "$OUT/results.tgz"
   rm -rf "$(dirname "$r")"
 }
+# A machine with no out/logs was never set up: the lease's machine went back (30 s with no call in
+# flight, e.g. a watcher started a minute after the work's call) and this call was lent a new, bare
+# one. Waiting there spends device time on nothing (2 x 300 s on 2026-12-02), so say so at once.
+if [ ! -d out/logs ]; then
+  echo "!! no lease work on this machine (no out/logs): the lease's machine went back and this call started a new one; give it back"
+  exit 3
+fi
 for (( left = 10#$wait_s; left > 0; left -= 5 )); do
   [ -e out/logs/lease.done ] && { echo "the lease's work is done (out/logs/lease.done)"; break; }
   (( (10#$wait_s - left) % 60 != 0 )) || bring_results
