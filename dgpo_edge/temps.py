@@ -49,7 +49,11 @@ def holding(path: str | Path) -> Iterator[None]:
         return
     fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # just made by us: nobody else holds it
+        # Just made by us, so nobody else holds it. A filesystem without flock (some network ones)
+        # refuses: the write goes on unheld, and a sweep there cannot take the lock either, so it
+        # never removes the temporary.
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield
     finally:
         os.close(fd)   # drops the lock

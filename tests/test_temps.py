@@ -116,3 +116,20 @@ def test_a_work_folder_is_removed_after_its_block_and_swept_after_a_kill(tmp_pat
     with temps.work_dir(tmp_path, ".m.gguf.") as work:
         assert list(tmp_path.iterdir()) == [work]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_filesystem_without_flock_writes_unheld_and_sweeps_nothing(tmp_path, monkeypatch):
+    """Some network filesystems answer flock with ENOLCK: writes must go on, and nothing may be
+    taken for abandoned there."""
+    import errno
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    stale = tmp_path / ".a.json.abcdefgh.tmp"
+    stale.write_text("a writer's, or a killed one's: no telling here")
+    _age(stale)
+    monkeypatch.setattr(temps.fcntl, "flock", no_locks)
+    jsonio.write_json(tmp_path / "a.json", {"ok": True})
+    assert json.loads((tmp_path / "a.json").read_text(encoding="utf-8")) == {"ok": True}
+    assert stale.exists()
