@@ -116,24 +116,36 @@ def _absolute(path: str | Path) -> Path:
 
 @contextlib.contextmanager
 def _journalled(dst: Path, entry: dict[str, Any]) -> Iterator[None]:
-    """Write the journal of `dst`, run the block (its renames), then `settle_dir`, which removes
-    the journal (or, failing to delete `.NAME.old`, leaves it for the next run). When the block
-    raises, `settle_dir` runs first all the same (the old folder put back, or the new one kept when
-    it was already in), and the journal stays only when that fails too (a disk gone away). Fsynced
-    before any rename: after a power loss no rename it covers is kept without it."""
-    try:
-        with open(_journal(dst), "w", encoding="utf-8") as f:
+    """Write the journal of `dst`, run the block (its renames), then settle, which removes the
+    journal (or, failing to delete `.NAME.old`, leaves it for the next run). When the block raises,
+    the settling runs first all the same (the old folder put back, or the new one kept when it was
+    already in), and the journal stays only when that fails too (a disk gone away). Fsynced before
+    any rename: after a power loss no rename it covers is kept without it. Held (`temps`) from
+    before it appears under its name until it is removed, so a reader that settles (`settle_dir`)
+    leaves a live replacing alone; a killed one's lock is gone with its process."""
+    journal = _journal(dst)
+    temps.sweep(journal.parent, temps.temp_pattern(f".{journal.name}.", ".tmp"))   # killed before its rename
+    fd, tmp = tempfile.mkstemp(prefix=f".{journal.name}.", suffix=".tmp", dir=journal.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        temps.lock_open_file(f)
+        try:
             json.dump({**entry, "made_by": f"dgpo-edge: {dst.name} is being replaced; the next dgpo-edge "
                        "command that writes or reads it puts the old folder back, or keeps the new one"}, f)
             f.flush()
             os.fsync(f.fileno())
-        yield
-    except BaseException:
-        with contextlib.suppress(Exception):
-            settle_dir(dst)
-        raise
-    with contextlib.suppress(OSError):   # the new folder is in; `.NAME.old` left for the next run to delete
-        settle_dir(dst)
+            os.replace(tmp, journal)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                _settle(dst)
+            raise
+        with contextlib.suppress(OSError):   # the new folder is in; `.NAME.old` left for the next run to delete
+            _settle(dst)
 
 
 def settle_dir(dst: str | Path) -> None:
@@ -142,14 +154,22 @@ def settle_dir(dst: str | Path) -> None:
     when `dst` is missing (killed between the two renames), deleted when `dst` is there (the new
     folder, or the old one not yet moved). Filling: the files moved in are removed, unless all of
     them are (a folder filled part way has no manifest, or not all the files its manifest lists).
-    Nothing else is touched. OSError when that fails (the journal then stays)."""
+    Nothing else is touched, and nothing at all while the journal's writer is alive (it holds the
+    journal: another command is replacing `dst` right now). OSError when that fails (the journal
+    then stays)."""
     dst = _absolute(dst)
+    if not temps.held(_journal(dst)):
+        _settle(dst)
+
+
+def _settle(dst: Path) -> None:
+    """`settle_dir`'s work, by whoever may do it (the journal's writer, or anyone once it is gone)."""
     journal = _journal(dst)
     try:
         entry = json.loads(journal.read_text(encoding="utf-8"))
     except (FileNotFoundError, NotADirectoryError):   # no journal; or a path under a file, which callers name
         return
-    except ValueError:   # torn: killed while it was written, so before the first rename
+    except ValueError:   # torn: from a dgpo-edge that wrote it in place, killed before the first rename
         entry = {}
     if isinstance(entry, dict) and "replacing" in entry:
         _put_back(dst)

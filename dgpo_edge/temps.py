@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 try:
     import fcntl
@@ -59,21 +60,45 @@ def holding(path: str | Path) -> Iterator[None]:
         os.close(fd)   # drops the lock
 
 
+def _free(path: str | Path) -> bool | None:
+    """Whether `path`'s lock could be taken (and was let go at once): True, nobody holds it; False,
+    another open of it does (its writer is alive); None, it cannot be told (gone, no flock here)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    finally:
+        os.close(fd)   # (the lock taken, if it was, goes with it)
+    return True
+
+
+def held(path: str | Path) -> bool:
+    """Whether another open of `path` holds its lock: a writer alive (False when it cannot be told)."""
+    return fcntl is not None and _free(path) is False
+
+
+def lock_open_file(f: Any) -> None:
+    """Take the lock of the open file `f` for as long as it stays open (a filesystem without flock:
+    not at all, as `holding`)."""
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def _abandoned(path: Path, now: float) -> bool:
     """Whether no process holds `path`'s lock and it has not changed for STALE_AFTER_S."""
     try:
         if path.is_symlink() or now - path.stat().st_mtime < STALE_AFTER_S:
             return False
-        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False   # held: its writer is alive
-    finally:
-        os.close(fd)   # (the lock taken, if it was, goes with it)
-    return True
+    return _free(path) is True
 
 
 def sweep(folder: str | Path, pattern: re.Pattern[str]) -> list[str]:
@@ -116,4 +141,4 @@ def work_dir(parent: str | Path, prefix: str) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-__all__ = ["STALE_AFTER_S", "holding", "sweep", "temp_pattern", "work_dir"]
+__all__ = ["STALE_AFTER_S", "held", "holding", "lock_open_file", "sweep", "temp_pattern", "work_dir"]

@@ -330,3 +330,26 @@ def test_data_mix_reads_the_world_a_killed_rebuild_hid(tmp_path: Path):
     assert result.exit_code == 0, result.output
     assert "building world" not in result.plain and _world_seed(world) == 2
     assert sorted(p.name for p in worlds.iterdir() if not p.name.endswith(".tmp")) == ["elements"]
+
+
+@pytest.mark.skipif(jsonio.temps.fcntl is None, reason="no flock on this system")
+def test_a_reader_leaves_a_live_replacing_alone(tmp_path: Path, monkeypatch):
+    """A reader that settles (`data mix` reading a world, a bundle's reader) found the journal of a
+    `data build` still at work between its two renames, `w` missing, and put `.w.old` back: the
+    build's second rename then failed. The writer holds its journal now; a reader leaves it alone."""
+    dst, src = tmp_path / "w", tmp_path / ".w.new"
+    for folder, seed in ((dst, 0), (src, 1)):
+        folder.mkdir()
+        (folder / "seed").write_text(str(seed))
+    real, seen = os.replace, []
+
+    def replace(a, b, **kw):
+        real(a, b, **kw)
+        if Path(b) == jsonio.aside(dst):   # between the two renames: another command settles `w`
+            jsonio.settle_dir(dst)
+            seen.append(sorted(p.name for p in tmp_path.iterdir()))
+
+    monkeypatch.setattr(os, "replace", replace)
+    replace_dir(src, dst)
+    assert seen == [[".w.dgpo-edge-swap", ".w.new", ".w.old"]]   # nothing put back while the writer lived
+    assert (dst / "seed").read_text() == "1" and sorted(p.name for p in tmp_path.iterdir()) == ["w"]
