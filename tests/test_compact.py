@@ -532,3 +532,30 @@ def test_a_compaction_killed_between_its_renames_is_finished_by_the_rerun(small,
         if run.returncode == 0:
             break
     assert run.returncode == 0 and killed >= 5
+
+
+def test_settling_leaves_a_live_install_and_a_marker_naming_elsewhere_alone(tmp_path):
+    """`settle_index` finishes a killed install from the work folder its marker names. It does
+    nothing while the install's process holds the marker, nor for a marker naming a folder outside
+    the index (a hand-edited `..`), which is left for the rerun with --overwrite."""
+    from dgpo_edge.retrieval.compact import settle_index
+
+    out = tmp_path / "idx"
+    work = out / ".work" / "update"
+    work.mkdir(parents=True)
+    (work / "store.sqlite").write_text("new store")
+    (work / "manifest.json").write_text('{"new": true}')
+    (out / "store.sqlite").write_text("old store")
+    marker = out / SWAP_MARKER
+    for named in ("../../elsewhere", ".work/update/../..", "/abs"):
+        marker.write_text(json.dumps({"replacing": True, "from": named, "files": ["store.sqlite"]}))
+        settle_index(out)
+        assert (out / "store.sqlite").read_text() == "old store" and marker.exists(), named
+    marker.write_text(json.dumps({"replacing": True, "from": ".work/update", "files": ["store.sqlite"]}))
+    with temps.holding(marker):   # the install is still at work
+        settle_index(out)
+        assert (out / "store.sqlite").read_text() == "old store" and marker.exists()
+    settle_index(out)   # its process gone
+    assert (out / "store.sqlite").read_text() == "new store" and (out / "manifest.json").read_text() == '{"new": true}'
+    assert sorted(p.name for p in out.iterdir()) == [".work", "manifest.json", "store.sqlite"]
+    assert list((out / ".work").iterdir()) == []   # the emptied work folder removed

@@ -79,7 +79,7 @@ from ..errors import InputError
 from ..locks import LOCK_FILE, folder_lock
 from .base import Encoder, EncoderSpec
 from .compact import (INDEX_FILE, MANIFEST_FILE, STORE_FILE, SWAP_MARKER, check_index_out, file_digest,
-                      install_files, write_manifest)
+                      install_files, settle_index, write_manifest)
 from .corpus import DEFAULT_WORDS, _text_files, detect_format, iter_corpus, size_hint
 from .documents import DocReport
 from .store import PassageStore, write_documents
@@ -520,6 +520,8 @@ def load_manifest(index_dir: str | Path) -> dict[str, Any]:
     if not d.is_dir():
         raise InputError("no such index folder", d)
     path = d / MANIFEST_FILE
+    if (d / SWAP_MARKER).exists():   # renames a kill stopped: finished here, if they can be
+        settle_index(d)
     if not path.is_file() and (d / SWAP_MARKER).exists():
         raise InputError(f"holds an index whose writing was interrupted ({SWAP_MARKER}, no manifest.json); rerun "
                          "the `index build` or `index compact` that wrote it, with --overwrite", d)

@@ -67,9 +67,10 @@ end, manifest last (an old manifest is removed first, so a manifest is only
 ever beside the files it describes; `install_files`, shared with `index build`
 and `index update`). An exception during those renames, Ctrl-C included,
 finishes them first, so DIR holds the old index or the new one, whole; a kill
-between them leaves the marker `DIR/.dgpo-edge-swap`, which lets the rerun
-replace the half-renamed files (with `--overwrite` when they were replacing an
-index). Any exception removes the partial folder, and DIR itself when this call
+between them leaves the marker `DIR/.dgpo-edge-swap`, by which the next command
+opening DIR finishes them (`settle_index`), or, when they cannot be finished,
+the rerun replaces the half-renamed files (with `--overwrite` when they were
+replacing an index). Any exception removes the partial folder, and DIR itself when this call
 created it and it is still empty; a partial folder that a killed compaction left is removed by
 the next compaction into DIR (`temps.sweep`: one no process holds).
 """
@@ -523,25 +524,68 @@ def install_files(work: Path, out: Path, files: list[str]) -> None:
     `files` lacks is removed from `out` (a dense index's vectors.faiss under a bm25 one).
 
     No renaming of several files is atomic, so it is journalled: SWAP_MARKER is written first and
-    removed last. An exception on the way (Ctrl-C, a failed rename) finishes the renames from
-    `work`, where every new file is whole, and is then raised: the folder holds the new index.
-    Only a kill, or renames that keep failing, leave the marker, which lets the rerun replace the
-    half-renamed files (`check_index_folder`)."""
+    removed last, and names `work` (inside `out`) and `files`. An exception on the way (Ctrl-C, a
+    failed rename) finishes the renames from `work`, where every new file is whole, and is then
+    raised: the folder holds the new index. A kill leaves the marker, by which the next command
+    that opens or writes the folder finishes them (`settle_index`); renames that keep failing
+    leave it too, and the rerun replaces the half-renamed files (`check_index_folder`). The marker
+    is held (`temps`) while the renames run, so a reader leaves a live install alone."""
     marker = out / SWAP_MARKER
     replacing = (out / MANIFEST_FILE).exists() or _swap_was_replacing(out)
+    entry = {"replacing": replacing, "files": list(files),
+             "made_by": f"dgpo-edge {__version__}: index files are being renamed into this folder; the next "
+                        "dgpo-edge command that opens it finishes that"}
+    if work.parent == out or work.parent.parent == out:   # .partial-*, .work, .work/update
+        entry["from"] = work.relative_to(out).as_posix()
     # written in place, not renamed in: a killed write leaves no temp file, and a torn marker still
     # vouches (_swap_was_replacing reads it as replacing: --overwrite is asked for)
-    marker.write_text(json.dumps({"replacing": replacing, "made_by": f"dgpo-edge {__version__}: index files "
-                                  "are being renamed into this folder; a rerun of the command replaces them"}),
-                      encoding="utf-8")
-    try:
-        _move_in(work, out, files)
-    except BaseException:
-        with contextlib.suppress(Exception):   # failing again (a disk gone): the marker stays for the rerun
+    with open(marker, "w", encoding="utf-8") as f:
+        temps.lock_open_file(f)
+        f.write(json.dumps(entry))
+        f.flush()
+        try:
             _move_in(work, out, files)
-            marker.unlink()
-        raise
-    marker.unlink()
+        except BaseException:
+            with contextlib.suppress(Exception):   # failing again (a disk gone): the marker stays for the rerun
+                _move_in(work, out, files)
+                marker.unlink()
+            raise
+        marker.unlink()
+
+
+def settle_index(out: Path) -> None:
+    """Finish the renames of an `install_files` that a kill stopped, by its marker: from the work
+    folder it names, while that still holds the new manifest (renamed last, so every file not yet
+    moved is still there, whole). Nothing is done while the marker's writer is alive, nor for a
+    marker that names no work folder (torn, or from an older dgpo-edge), nor when the work folder
+    is gone with the out folder still lacking its manifest: the marker then stays, vouching for the
+    half-renamed files that a rerun with --overwrite replaces. Best effort: a folder this process
+    may not write is left as it is."""
+    marker = out / SWAP_MARKER
+    if not marker.is_file() or temps.held(marker):
+        return
+    with contextlib.suppress(OSError, ValueError):
+        entry = json.loads(marker.read_text(encoding="utf-8"))
+        work, files = _marked_work(out, entry), entry.get("files") if isinstance(entry, dict) else None
+        if work is None or not isinstance(files, list) or not set(files) <= {STORE_FILE, INDEX_FILE}:
+            return
+        if (work / MANIFEST_FILE).is_file():
+            _move_in(work, out, files)
+            with contextlib.suppress(OSError):
+                work.rmdir()   # a compaction's .partial-*, emptied (a build's .work keeps its chunks)
+        elif not (out / MANIFEST_FILE).is_file():
+            return
+        marker.unlink()
+
+
+def _marked_work(out: Path, entry: Any) -> Path | None:
+    """The work folder a marker names: one or two plain names under `out`, a real folder there."""
+    rel = entry.get("from") if isinstance(entry, dict) else None
+    parts = rel.split("/") if isinstance(rel, str) else []
+    if not 1 <= len(parts) <= 2 or any(p in ("", ".", "..") or "\\" in p for p in parts):
+        return None
+    work = out.joinpath(*parts)
+    return work if work.is_dir() and not any(p.is_symlink() for p in (work, work.parent)) else None
 
 
 def _move_in(work: Path, out: Path, files: list[str]) -> None:
@@ -590,7 +634,8 @@ def check_index_out(out: Path, overwrite: bool, own: Iterable[str] = (), hint: s
     """Refuse the output folder of `index build` or `index compact` unless it is new, empty, or holds
     an index dgpo-edge wrote (or what interrupted renames left of one replaced) and `overwrite` is
     given (`check_index_folder` refuses anything else, with or without it). `hint`: another way
-    out, after the one through --overwrite."""
+    out, after the one through --overwrite. Renames a kill stopped are finished first (`settle_index`)."""
+    settle_index(out)
     check_index_folder(out, own)
     if overwrite:
         return
@@ -654,6 +699,6 @@ def _faiss_message(e: BaseException) -> str:
     return text.split(": ", 2)[-1] if text.startswith("Error in") else text
 
 
-__all__ = ["FlatHeader", "SWAP_MARKER", "check_index_out", "compact", "compact_encoder", "default_encoder",
+__all__ = ["FlatHeader", "SWAP_MARKER", "check_index_out", "settle_index", "compact", "compact_encoder", "default_encoder",
            "file_digest", "install_files", "open_flat", "plan_ivfpq", "read_flat_header", "valid_pq",
            "write_manifest"]
