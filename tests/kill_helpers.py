@@ -12,3 +12,13 @@ KILL_AT_NTH_REPLACE = ("import os, sys\n"
                        "        os._exit(137)\n"
                        "    return real(src, dst, **kw)\n"
                        "os.replace = replace\n")
+
+
+def killed_at(code: str, at: int) -> int:
+    """Run `code` in a child whose `at`-th os.replace kills it: 137 when it did, 0 when the code ended first."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", KILL_AT_NTH_REPLACE + code, str(at)], capture_output=True, text=True)
+    assert run.returncode in (0, 137), run.stderr
+    return run.returncode

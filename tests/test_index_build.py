@@ -727,3 +727,24 @@ def test_options_that_need_more_passages_fail_before_embedding(corpus, minilm, t
     with pytest.raises(InputError, match="--pq 50 does not divide"):
         build_index(corpus, tmp_path / "d", encoder_spec=counting, kind="ivfpq", pq=50)
     assert counting.calls == 0
+
+
+def test_a_build_killed_at_any_rename_is_finished_by_the_same_command_again(corpus, tmp_path):
+    """kill -9 runs no cleanup: a build into a new folder killed at any rename, its work in `.work`
+    whole, is completed by the same command run again (no --overwrite: it replaced nothing)."""
+    from kill_helpers import killed_at
+
+    d = tmp_path / "index"
+    code = f"from dgpo_edge.retrieval.build import build_index\nbuild_index({str(corpus)!r}, {str(d)!r}, kind='bm25')\n"
+    killed = 0
+    for at in range(1, 30):
+        shutil.rmtree(d, ignore_errors=True)
+        status = killed_at(code, at)
+        killed += status == 137
+        if status == 137 and not (d / "manifest.json").exists():   # else killed after its renames
+            build_index(corpus, d, kind="bm25")
+            assert sorted(p.name for p in d.iterdir()) == ["manifest.json", "store.sqlite"], at
+        assert verify_files(d, full=True)["count"] == N, at
+        if status == 0:
+            break
+    assert status == 0 and killed >= 3

@@ -362,29 +362,24 @@ def test_an_update_killed_at_any_rename_is_finished_by_the_next_command(tmp_path
     search` and the rerun of `index update` both refused the folder, and the only way out was a
     rebuild. Killed at each rename in turn, the next command (a search, then the rerun) now finishes
     the renames from `.work/update`, where the new files wait whole."""
-    import subprocess
-    import sys
-
-    from kill_helpers import KILL_AT_NTH_REPLACE
+    from kill_helpers import killed_at
 
     notes = write_notes(tmp_path / "notes", n=12)
     idx = tmp_path / "idx"
-    script = (KILL_AT_NTH_REPLACE + "from dgpo_edge.retrieval.update import update_index\n"
-              f"update_index({str(notes)!r}, {str(idx)!r})\n")
+    code = f"from dgpo_edge.retrieval.update import update_index\nupdate_index({str(notes)!r}, {str(idx)!r})\n"
     renamed = 0
     for at in range(1, 20):
         shutil.rmtree(idx, ignore_errors=True)
         build_index(notes, idx, kind="bm25")
         (notes / "week-1" / "note-001.md").write_text(f"# Trip {at}\n\n{VOLCANO}\n", encoding="utf-8")
-        run = subprocess.run([sys.executable, "-c", script, str(at)], capture_output=True, text=True)
-        assert run.returncode in (0, 137), run.stderr
+        status = killed_at(code, at)
         with open_index(idx, kind="bm25") as r:   # a reader finishes the renames, or finds them done
             new = "volcano" in r.store.get_by_id("week-1/note-001.md#0").contents.lower()
         assert not (idx / ".dgpo-edge-swap").exists(), at
         verify_files(idx, full=True)
-        renamed += new and run.returncode == 137
+        renamed += new and status == 137
         # the rerun: nothing left to do when the new index is in, the edit again when the old one is
         assert update_index(notes, idx)["changed"] == ([] if new else ["week-1/note-001.md"]), at
-        if run.returncode == 0:
+        if status == 0:
             break
-    assert run.returncode == 0 and renamed >= 2   # killed among the renames into the folder (store, manifest)
+    assert status == 0 and renamed >= 2   # killed among the renames into the folder (store, manifest)

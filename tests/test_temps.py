@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 
 from dgpo_edge import jsonio, temps
 
-from kill_helpers import KILL_AT_NTH_REPLACE
+from kill_helpers import killed_at
 
 pytestmark = pytest.mark.skipif(temps.fcntl is None, reason="no flock on this system: nothing is swept")
 
@@ -55,8 +53,7 @@ def test_only_abandoned_temporaries_of_that_name_are_swept(tmp_path):
 
 def _killed(code: str, at: int = 1) -> None:
     """Run `code` in a child that dies (os._exit, no cleanup) at its `at`-th os.replace."""
-    run = subprocess.run([sys.executable, "-c", KILL_AT_NTH_REPLACE + code, str(at)], capture_output=True, text=True)
-    assert run.returncode == 137, run.stderr
+    assert killed_at(code, at) == 137
 
 
 def test_the_next_write_of_a_file_removes_what_a_killed_one_left(tmp_path):

@@ -519,7 +519,7 @@ def _rows(flat: Any, rows: np.ndarray, chunk: int) -> np.ndarray:
 SWAP_MARKER = ".dgpo-edge-swap"
 
 
-def install_files(work: Path, out: Path, files: list[str]) -> None:
+def install_files(work: Path, out: Path, files: list[str], finish_later: bool = True) -> None:
     """Rename `files` and the manifest from `work` into `out`, the manifest last; an index file
     `files` lacks is removed from `out` (a dense index's vectors.faiss under a bm25 one).
 
@@ -529,13 +529,15 @@ def install_files(work: Path, out: Path, files: list[str]) -> None:
     raised: the folder holds the new index. A kill leaves the marker, by which the next command
     that opens or writes the folder finishes them (`settle_index`); renames that keep failing
     leave it too, and the rerun replaces the half-renamed files (`check_index_folder`). The marker
-    is held (`temps`) while the renames run, so a reader leaves a live install alone."""
+    is held (`temps`) while the renames run, so a reader leaves a live install alone.
+    `finish_later=False` names no work folder in the marker: `index build`'s rerun resumes from its
+    `.work` and installs again (finishing from there would leave the index built and the rerun refused)."""
     marker = out / SWAP_MARKER
     replacing = (out / MANIFEST_FILE).exists() or _swap_was_replacing(out)
     entry = {"replacing": replacing, "files": list(files),
              "made_by": f"dgpo-edge {__version__}: index files are being renamed into this folder; the next "
                         "dgpo-edge command that opens it finishes that"}
-    if work.parent == out or work.parent.parent == out:   # .partial-*, .work, .work/update
+    if finish_later and (work.parent == out or work.parent.parent == out):   # .partial-*, .work/update
         entry["from"] = work.relative_to(out).as_posix()
     # written in place, not renamed in: a killed write leaves no temp file, and a torn marker still
     # vouches (_swap_was_replacing reads it as replacing: --overwrite is asked for)
