@@ -70,6 +70,7 @@ def replace_dir(src: str | Path, dst: str | Path) -> None:
     """
     src, dst = Path(src), _absolute(dst)
     settle_dir(dst)
+    _check_not_busy(dst)
     if dst.is_dir() and not any(dst.iterdir()):
         _fill(src, dst)
         return
@@ -123,21 +124,9 @@ def _journalled(dst: Path, entry: dict[str, Any]) -> Iterator[None]:
     any rename: after a power loss no rename it covers is kept without it. Held (`temps`) from
     before it appears under its name until it is removed, so a reader that settles (`settle_dir`)
     leaves a live replacing alone; a killed one's lock is gone with its process."""
-    journal = _journal(dst)
-    temps.sweep(journal.parent, temps.temp_pattern(f".{journal.name}.", ".tmp"))   # killed before its rename
-    fd, tmp = tempfile.mkstemp(prefix=f".{journal.name}.", suffix=".tmp", dir=journal.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        temps.lock_open_file(f)
-        try:
-            json.dump({**entry, "made_by": f"dgpo-edge: {dst.name} is being replaced; the next dgpo-edge "
-                       "command that writes or reads it puts the old folder back, or keeps the new one"}, f)
-            f.flush()
-            os.fsync(f.fileno())
-            os.replace(tmp, journal)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+    text = json.dumps({**entry, "made_by": f"dgpo-edge: {dst.name} is being replaced; the next dgpo-edge "
+                       "command that writes or reads it puts the old folder back, or keeps the new one"})
+    with temps.held_file(_journal(dst), text):
         try:
             yield
         except BaseException:
@@ -158,8 +147,9 @@ def settle_dir(dst: str | Path) -> None:
     journal: another command is replacing `dst` right now). OSError when that fails (the journal
     then stays)."""
     dst = _absolute(dst)
-    if not temps.held(_journal(dst)):
-        _settle(dst)
+    with temps.locked(_journal(dst)) as free:
+        if free is not False:   # held while it settles (None: no journal, or no flock here, as before)
+            _settle(dst)
 
 
 def _settle(dst: Path) -> None:
@@ -212,10 +202,19 @@ def _there(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
+def _check_not_busy(dst: Path) -> None:
+    """Refuse while another process replaces `dst` (it holds the journal): between its two renames
+    `dst` is missing, and a second writer's rename there would make the first one's fail."""
+    if temps.held(_journal(dst)):
+        raise InputError(f"another dgpo-edge command is replacing {dst.name} right now; run this again once it "
+                         "is done", dst)
+
+
 def check_aside_free(dst: str | Path) -> None:
     """Refuse to replace `dst` while `.NAME.old` holds something no journal vouches for (a person's
     backup, or what a dgpo-edge older than the journal left): the old `dst` is renamed there."""
     dst = _absolute(dst)
+    _check_not_busy(dst)
     if _there(aside(dst)):
         raise InputError(f"is in the way: {dst.name} is renamed there while it is replaced, and no "
                          f"{_journal(dst).name} beside it says dgpo-edge left it; move it away or remove it",
@@ -393,11 +392,7 @@ def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
         raise
 
 
-def make_readable(path: str | Path) -> None:
-    """mkstemp creates files 0600; give them the mode a plain open() would (0666 & ~umask)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+make_readable = temps.make_readable   # mkstemp's 0600 made what a plain open() makes
 
 
 def write_text(path: str | Path, text: str) -> None:

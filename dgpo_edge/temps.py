@@ -22,11 +22,11 @@ import contextlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 try:
     import fcntl
@@ -42,13 +42,30 @@ def temp_pattern(prefix: str, suffix: str = "") -> re.Pattern[str]:
     return re.compile(re.escape(prefix) + _RANDOM + re.escape(suffix))
 
 
+def make_readable(path: str | Path) -> None:
+    """mkstemp creates files 0600; give them the mode a plain open() would (0666 & ~umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def _open(path: str | Path) -> int:
+    """A descriptor of the regular file or folder `path` to lock: never a link followed, and never
+    blocking on a FIFO or touching a device that a name happens to match (OSError for those)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+    if not (stat.S_ISREG(mode := os.fstat(fd).st_mode) or stat.S_ISDIR(mode)):
+        os.close(fd)
+        raise OSError(f"not a regular file or folder: {path}")
+    return fd
+
+
 @contextlib.contextmanager
 def holding(path: str | Path) -> Iterator[None]:
     """Hold the lock on the temporary file or folder `path` for the block: a sweep leaves it alone."""
     if fcntl is None:
         yield
         return
-    fd = os.open(path, os.O_RDONLY)
+    fd = _open(path)
     try:
         # Just made by us, so nobody else holds it. A filesystem without flock (some network ones)
         # refuses: the write goes on unheld, and a sweep there cannot take the lock either, so it
@@ -60,35 +77,68 @@ def holding(path: str | Path) -> Iterator[None]:
         os.close(fd)   # drops the lock
 
 
-def _free(path: str | Path) -> bool | None:
-    """Whether `path`'s lock could be taken (and was let go at once): True, nobody holds it; False,
-    another open of it does (its writer is alive); None, it cannot be told (gone, no flock here)."""
+@contextlib.contextmanager
+def locked(path: str | Path) -> Iterator[bool | None]:
+    """Try to take `path`'s lock and hold it for the block. Yields True when taken (nobody else
+    holds it: whoever wrote it is gone, and no one else settles it meanwhile), False when another
+    open of it holds it (its writer is alive) or it was replaced since it was opened (a new
+    writer's), None when it cannot be told (no such file, not a file, no flock here)."""
+    if fcntl is None:
+        yield None
+        return
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open(path)
     except OSError:
-        return None
+        yield None
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:
-        return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        except OSError:
+            yield None
+            return
+        try:   # still the file under that name, not one removed (settled) and written anew since
+            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+        except OSError:
+            same = False
+        yield same
     finally:
         os.close(fd)   # (the lock taken, if it was, goes with it)
-    return True
 
 
 def held(path: str | Path) -> bool:
     """Whether another open of `path` holds its lock: a writer alive (False when it cannot be told)."""
-    return fcntl is not None and _free(path) is False
+    with locked(path) as free:
+        return free is False
 
 
-def lock_open_file(f: Any) -> None:
-    """Take the lock of the open file `f` for as long as it stays open (a filesystem without flock:
-    not at all, as `holding`)."""
-    if fcntl is not None:
-        with contextlib.suppress(OSError):
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+@contextlib.contextmanager
+def held_file(path: Path, text: str) -> Iterator[None]:
+    """Write `text` as `path` (beside it, then renamed, readable as open() makes files) and hold its
+    lock from before it appears under that name until the block ends: a reader that settles by
+    it (`locked`) leaves it alone meanwhile. The block may remove `path`. One a kill left before
+    its rename is swept by the next."""
+    prefix = f".{path.name}."
+    sweep(path.parent, temp_pattern(prefix, ".tmp"))
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        if fcntl is not None:
+            with contextlib.suppress(OSError):   # no flock on this filesystem: unheld, as `holding`
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+            make_readable(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        yield
 
 
 def _abandoned(path: Path, now: float) -> bool:
@@ -98,7 +148,8 @@ def _abandoned(path: Path, now: float) -> bool:
             return False
     except OSError:
         return False
-    return _free(path) is True
+    with locked(path) as free:
+        return free is True
 
 
 def sweep(folder: str | Path, pattern: re.Pattern[str]) -> list[str]:
@@ -129,11 +180,11 @@ def sweep(folder: str | Path, pattern: re.Pattern[str]) -> list[str]:
 
 @contextlib.contextmanager
 def work_dir(parent: str | Path, prefix: str) -> Iterator[Path]:
-    """A temporary folder `parent/PREFIX????????` for the block (tempfile.TemporaryDirectory's
+    """A temporary folder `parent/PREFIX????????.tmp` for the block (tempfile.TemporaryDirectory's
     place), held while the block runs and removed after it; the ones of `prefix` that killed
     writers left are swept first."""
-    sweep(parent, temp_pattern(prefix))
-    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    sweep(parent, temp_pattern(prefix, ".tmp"))   # (.tmp: a person's `.model.20261201` never matches)
+    folder = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
     try:
         with holding(folder):
             yield folder
@@ -141,4 +192,5 @@ def work_dir(parent: str | Path, prefix: str) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-__all__ = ["STALE_AFTER_S", "held", "holding", "lock_open_file", "sweep", "temp_pattern", "work_dir"]
+__all__ = ["STALE_AFTER_S", "held", "held_file", "holding", "locked", "make_readable", "sweep", "temp_pattern",
+           "work_dir"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tracemalloc
@@ -337,8 +338,11 @@ def test_a_reader_leaves_a_live_replacing_alone(tmp_path: Path, monkeypatch):
     """A reader that settles (`data mix` reading a world, a bundle's reader) found the journal of a
     `data build` still at work between its two renames, `w` missing, and put `.w.old` back: the
     build's second rename then failed. The writer holds its journal now; a reader leaves it alone."""
-    dst, src = tmp_path / "w", tmp_path / ".w.new"
-    for folder, seed in ((dst, 0), (src, 1)):
+    dst, src, other = tmp_path / "w", tmp_path / ".w.new", tmp_path / "other"
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = []
+    for folder, seed in ((dst, 0), (src, 1), (other, 2)):
         folder.mkdir()
         (folder / "seed").write_text(str(seed))
     real, seen = os.replace, []
@@ -348,8 +352,12 @@ def test_a_reader_leaves_a_live_replacing_alone(tmp_path: Path, monkeypatch):
         if Path(b) == jsonio.aside(dst):   # between the two renames: another command settles `w`
             jsonio.settle_dir(dst)
             seen.append(sorted(p.name for p in tmp_path.iterdir()))
+            modes.append(stat.S_IMODE((tmp_path / ".w.dgpo-edge-swap").stat().st_mode))
+            with pytest.raises(InputError, match="another dgpo-edge command is replacing w right now"):
+                replace_dir(other, dst)   # and another writer is told so, not that .w.old is in the way
 
     monkeypatch.setattr(os, "replace", replace)
     replace_dir(src, dst)
-    assert seen == [[".w.dgpo-edge-swap", ".w.new", ".w.old"]]   # nothing put back while the writer lived
-    assert (dst / "seed").read_text() == "1" and sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+    assert seen == [[".w.dgpo-edge-swap", ".w.new", ".w.old", "other"]]   # nothing put back while the writer lived
+    assert modes == [0o666 & ~umask]   # readable by other users' readers, as open() would make it
+    assert (dst / "seed").read_text() == "1" and sorted(p.name for p in tmp_path.iterdir()) == ["other", "w"]

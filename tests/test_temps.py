@@ -110,9 +110,22 @@ def test_a_work_folder_is_removed_after_its_block_and_swept_after_a_kill(tmp_pat
     [left] = list(tmp_path.iterdir())
     assert (left / "f16.gguf").is_file()
     _age(left)
+    backup = tmp_path / ".m.gguf.20261201"   # a person's, eight characters after the same prefix
+    backup.mkdir()
+    _age(backup)
     with temps.work_dir(tmp_path, ".m.gguf.") as work:
-        assert list(tmp_path.iterdir()) == [work]
-    assert list(tmp_path.iterdir()) == []
+        assert sorted(tmp_path.iterdir()) == sorted([work, backup]) and work.name.endswith(".tmp")
+    assert list(tmp_path.iterdir()) == [backup]
+
+
+def test_a_sweep_never_opens_a_fifo_or_follows_a_link(tmp_path):
+    """A name that matches but is a FIFO would block the open for ever; a link is not ours to judge."""
+    fifo = tmp_path / ".a.json.fifofifo.tmp"
+    os.mkfifo(fifo)
+    _age(fifo)
+    (tmp_path / ".a.json.linklink.tmp").symlink_to(fifo)
+    assert temps.sweep(tmp_path, temps.temp_pattern(".a.json.", ".tmp")) == []
+    assert fifo.exists()
 
 
 def test_a_filesystem_without_flock_writes_unheld_and_sweeps_nothing(tmp_path, monkeypatch):

@@ -492,7 +492,7 @@ def _finish(out: Path, work: Path, state: dict[str, Any], kind: str, encoder: En
         store={"bm25": bm25, "compression": compression},
         source=source_entry(fp, state["store"].get("documents")),
         produced_by=producer, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    install_files(work, out, files, finish_later=False)   # a killed build's rerun resumes and installs again
+    install_files(work, out, files)   # a killed build's rerun resumes from .work and installs again
     return manifest
 
 

@@ -67,10 +67,9 @@ end, manifest last (an old manifest is removed first, so a manifest is only
 ever beside the files it describes; `install_files`, shared with `index build`
 and `index update`). An exception during those renames, Ctrl-C included,
 finishes them first, so DIR holds the old index or the new one, whole; a kill
-between them leaves the marker `DIR/.dgpo-edge-swap`, by which the next command
-opening DIR finishes them (`settle_index`), or, when they cannot be finished,
-the rerun replaces the half-renamed files (with `--overwrite` when they were
-replacing an index). Any exception removes the partial folder, and DIR itself when this call
+between them leaves the marker `DIR/.dgpo-edge-swap`, which lets the rerun
+replace the half-renamed files (with `--overwrite` when they were replacing an
+index). Any exception removes the partial folder, and DIR itself when this call
 created it and it is still empty; a partial folder that a killed compaction left is removed by
 the next compaction into DIR (`temps.sweep`: one no process holds).
 """
@@ -519,32 +518,29 @@ def _rows(flat: Any, rows: np.ndarray, chunk: int) -> np.ndarray:
 SWAP_MARKER = ".dgpo-edge-swap"
 
 
-def install_files(work: Path, out: Path, files: list[str], finish_later: bool = True) -> None:
+def install_files(work: Path, out: Path, files: list[str], finish_later: bool = False) -> None:
     """Rename `files` and the manifest from `work` into `out`, the manifest last; an index file
     `files` lacks is removed from `out` (a dense index's vectors.faiss under a bm25 one).
 
     No renaming of several files is atomic, so it is journalled: SWAP_MARKER is written first and
-    removed last, and names `work` (inside `out`) and `files`. An exception on the way (Ctrl-C, a
-    failed rename) finishes the renames from `work`, where every new file is whole, and is then
-    raised: the folder holds the new index. A kill leaves the marker, by which the next command
-    that opens or writes the folder finishes them (`settle_index`); renames that keep failing
-    leave it too, and the rerun replaces the half-renamed files (`check_index_folder`). The marker
-    is held (`temps`) while the renames run, so a reader leaves a live install alone.
-    `finish_later=False` names no work folder in the marker: `index build`'s rerun resumes from its
-    `.work` and installs again (finishing from there would leave the index built and the rerun refused)."""
+    removed last, and held (`temps.held_file`) while the renames run, so a reader leaves a live
+    install alone. An exception on the way (Ctrl-C, a failed rename) finishes the renames from
+    `work`, where every new file is whole, and is then raised: the folder holds the new index. A
+    kill leaves the marker. With `finish_later` (`index update`, whose work folder is
+    `out/.work/update`) the marker names `work` and `files`, and the next command that opens or
+    writes the folder finishes the renames (`settle_index`). Otherwise the rerun of the same
+    command redoes them (`index build` resumes from its `.work`; `index compact` compacts again),
+    the marker vouching for the half-renamed files (`check_index_folder`); finishing them first
+    would leave that rerun refused, an index being there already. Renames that keep failing leave
+    the marker too."""
     marker = out / SWAP_MARKER
     replacing = (out / MANIFEST_FILE).exists() or _swap_was_replacing(out)
-    entry = {"replacing": replacing, "files": list(files),
-             "made_by": f"dgpo-edge {__version__}: index files are being renamed into this folder; the next "
-                        "dgpo-edge command that opens it finishes that"}
-    if finish_later and (work.parent == out or work.parent.parent == out):   # .partial-*, .work/update
-        entry["from"] = work.relative_to(out).as_posix()
-    # written in place, not renamed in: a killed write leaves no temp file, and a torn marker still
-    # vouches (_swap_was_replacing reads it as replacing: --overwrite is asked for)
-    with open(marker, "w", encoding="utf-8") as f:
-        temps.lock_open_file(f)
-        f.write(json.dumps(entry))
-        f.flush()
+    entry = {"replacing": replacing,
+             "made_by": f"dgpo-edge {__version__}: index files are being renamed into this folder; a rerun of "
+                        "the command, or for index update the next command that opens it, finishes that"}
+    if finish_later and work.absolute().parent.parent == out.absolute():
+        entry.update({"from": work.absolute().relative_to(out.absolute()).as_posix(), "files": list(files)})
+    with temps.held_file(marker, json.dumps(entry)):
         try:
             _move_in(work, out, files)
         except BaseException:
@@ -556,35 +552,39 @@ def install_files(work: Path, out: Path, files: list[str], finish_later: bool = 
 
 
 def settle_index(out: Path) -> None:
-    """Finish the renames of an `install_files` that a kill stopped, by its marker: from the work
-    folder it names, while that still holds the new manifest (renamed last, so every file not yet
-    moved is still there, whole). Nothing is done while the marker's writer is alive, nor for a
-    marker that names no work folder (torn, or from an older dgpo-edge), nor when the work folder
-    is gone with the out folder still lacking its manifest: the marker then stays, vouching for the
-    half-renamed files that a rerun with --overwrite replaces. Best effort: a folder this process
-    may not write is left as it is."""
+    """Finish the renames of an `install_files(finish_later=True)` that a kill stopped, by its
+    marker: from the work folder it names, while that still holds the new manifest (renamed last,
+    so every file not yet moved is still there, whole). Done holding the marker's lock, so only
+    when its writer is gone and no other command settles it at once; never where that cannot be
+    told (no flock), nor for a marker that names no work folder (torn, or from `index build` or
+    `index compact`, whose rerun redoes the renames), nor when the work folder is gone with `out`
+    still lacking its manifest: the marker then stays, vouching for the half-renamed files that a
+    rebuild replaces. Best effort: a folder this process may not write is left as it is."""
     marker = out / SWAP_MARKER
-    if not marker.is_file() or temps.held(marker):
+    if not marker.is_file():
         return
-    with contextlib.suppress(OSError, ValueError):
+    with temps.locked(marker) as free, contextlib.suppress(OSError, ValueError):
+        if free is not True:
+            return
         entry = json.loads(marker.read_text(encoding="utf-8"))
         work, files = _marked_work(out, entry), entry.get("files") if isinstance(entry, dict) else None
-        if work is None or not isinstance(files, list) or not set(files) <= {STORE_FILE, INDEX_FILE}:
+        if work is None or not isinstance(files, list) or not all(isinstance(f, str) for f in files) \
+                or not set(files) <= {STORE_FILE, INDEX_FILE}:
             return
         if (work / MANIFEST_FILE).is_file():
             _move_in(work, out, files)
             with contextlib.suppress(OSError):
-                work.rmdir()   # a compaction's .partial-*, emptied (a build's .work keeps its chunks)
+                work.rmdir()   # emptied
         elif not (out / MANIFEST_FILE).is_file():
             return
         marker.unlink()
 
 
 def _marked_work(out: Path, entry: Any) -> Path | None:
-    """The work folder a marker names: one or two plain names under `out`, a real folder there."""
+    """The work folder a marker names: two plain names under `out` (`.work/update`), a real folder there."""
     rel = entry.get("from") if isinstance(entry, dict) else None
     parts = rel.split("/") if isinstance(rel, str) else []
-    if not 1 <= len(parts) <= 2 or any(p in ("", ".", "..") or "\\" in p for p in parts):
+    if len(parts) != 2 or any(p in ("", ".", "..") or "\\" in p for p in parts):
         return None
     work = out.joinpath(*parts)
     return work if work.is_dir() and not any(p.is_symlink() for p in (work, work.parent)) else None

@@ -229,7 +229,7 @@ def _apply(folder: Path, out: Path, stage: Path, m: dict[str, Any], c: Changes,
                   updated=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     emit("write", 0, 1)
     manifest = write_manifest(stage, files=files, **fields)
-    install_files(stage, out, files)
+    install_files(stage, out, files, finish_later=True)   # killed there: the next command finishes it
     emit("write", 1, 1)
     return manifest
 
