@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -33,21 +32,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     if not path.exists():   # a file above it (`--out notes.txt/m.gguf`): no file can be made there
         check_folder_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{path.name}."
-    temps.sweep(path.parent, temps.temp_pattern(prefix, ".tmp"))   # what killed writes of `path` left
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with temps.holding(tmp):
-            make_readable(tmp)
-            yield Path(tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    tmp = temps.new(path.parent, f".{path.name}.")   # (what killed writes of `path` left: swept)
+    with temps.holding(tmp):   # (removed if the block raises)
+        make_readable(tmp)
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -372,13 +363,11 @@ def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
     """
     out = Path(out).absolute()   # `--out .` has no name to put a temp folder beside
     check_replaceable(out, mine, what)
-    prefix = f".{out.name}."
     with making_folder(out):   # named as given, not as the temp folder
         out.parent.mkdir(parents=True, exist_ok=True)
-        temps.sweep(out.parent, temps.temp_pattern(prefix, ".tmp"))   # what killed builds of `out` left
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=out.parent))
+        tmp = temps.new(out.parent, f".{out.name}.", folder=True)   # (killed builds' swept first)
     try:
-        with temps.holding(tmp):
+        with temps.holding(tmp):   # (removed if the block raises)
             yield tmp
             os.chmod(tmp, 0o755)
             for f in tmp.rglob("*"):  # some writers create 0600 files (mkstemp); be like open()
@@ -386,7 +375,6 @@ def atomic_dir(out: str | Path, mine: Callable[[Path], bool] = ours,
                     make_readable(f)
             replace_dir(tmp, out)
     except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in REFUSED_BY_SYSTEM:   # a full disk: --out, not a temp file
             raise InputError(f"could not be written ({e.strerror}); nothing was written", out) from None
         raise

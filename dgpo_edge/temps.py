@@ -59,22 +59,45 @@ def _open(path: str | Path) -> int:
     return fd
 
 
+def new(parent: str | Path, prefix: str, suffix: str = ".tmp", folder: bool = False) -> Path:
+    """A new temporary file (empty) or folder `parent/PREFIX????????SUFFIX`, once the ones of the
+    same prefix and suffix that killed writers left are swept. Hold it (`holding`) at once."""
+    sweep(parent, temp_pattern(prefix, suffix))
+    if folder:
+        return Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=parent)
+    os.close(fd)
+    return Path(name)
+
+
 @contextlib.contextmanager
 def holding(path: str | Path) -> Iterator[None]:
-    """Hold the lock on the temporary file or folder `path` for the block: a sweep leaves it alone."""
-    if fcntl is None:
-        yield
-        return
-    fd = _open(path)
+    """Hold the lock on the temporary file or folder `path` for the block, so a sweep leaves it
+    alone, and remove it if the block raises (unless the block renamed it away: then it is gone)."""
+    fd = _open(path) if fcntl is not None else None
     try:
         # Just made by us, so nobody else holds it. A filesystem without flock (some network ones)
         # refuses: the write goes on unheld, and a sweep there cannot take the lock either, so it
         # never removes the temporary.
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield
+    except BaseException:
+        _remove(Path(path))
+        raise
     finally:
-        os.close(fd)   # drops the lock
+        if fd is not None:
+            os.close(fd)   # drops the lock
+
+
+def _remove(path: Path) -> None:
+    """Remove the file or folder `path` (a link itself, never what it points to); quietly gone."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 @contextlib.contextmanager
@@ -119,25 +142,16 @@ def held(path: str | Path) -> bool:
 def held_file(path: Path, text: str) -> Iterator[None]:
     """Write `text` as `path` (beside it, then renamed, readable as open() makes files) and hold its
     lock from before it appears under that name until the block ends: a reader that settles by
-    it (`locked`) leaves it alone meanwhile. The block may remove `path`. One a kill left before
-    its rename is swept by the next."""
-    prefix = f".{path.name}."
-    sweep(path.parent, temp_pattern(prefix, ".tmp"))
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        if fcntl is not None:
-            with contextlib.suppress(OSError):   # no flock on this filesystem: unheld, as `holding`
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        try:
+    it (`locked`) leaves it alone meanwhile (the lock is on the inode: it follows the rename). The
+    block may remove `path`. One a kill left before its rename is swept by the next."""
+    tmp = new(path.parent, f".{path.name}.")
+    with holding(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-            make_readable(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        make_readable(tmp)
+        os.replace(tmp, path)
         yield
 
 
@@ -167,14 +181,9 @@ def sweep(folder: str | Path, pattern: re.Pattern[str]) -> list[str]:
         path = Path(entry.path)
         if not _abandoned(path, now):
             continue
-        try:
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-        except OSError:
-            continue
-        removed.append(entry.name)
+        _remove(path)
+        if not os.path.lexists(path):   # (what cannot be removed stays)
+            removed.append(entry.name)
     return removed
 
 
@@ -183,14 +192,11 @@ def work_dir(parent: str | Path, prefix: str) -> Iterator[Path]:
     """A temporary folder `parent/PREFIX????????.tmp` for the block (tempfile.TemporaryDirectory's
     place), held while the block runs and removed after it; the ones of `prefix` that killed
     writers left are swept first."""
-    sweep(parent, temp_pattern(prefix, ".tmp"))   # (.tmp: a person's `.model.20261201` never matches)
-    folder = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
-    try:
-        with holding(folder):
-            yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    folder = new(parent, prefix, folder=True)   # (.tmp: a person's `.model.20261201` never matches)
+    with holding(folder):
+        yield folder
+    _remove(folder)
 
 
-__all__ = ["STALE_AFTER_S", "held", "held_file", "holding", "locked", "make_readable", "sweep", "temp_pattern",
-           "work_dir"]
+__all__ = ["STALE_AFTER_S", "held", "held_file", "holding", "locked", "make_readable", "new", "sweep",
+           "temp_pattern", "work_dir"]

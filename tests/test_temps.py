@@ -143,3 +143,23 @@ def test_a_filesystem_without_flock_writes_unheld_and_sweeps_nothing(tmp_path, m
     jsonio.write_json(tmp_path / "a.json", {"ok": True})
     assert json.loads((tmp_path / "a.json").read_text(encoding="utf-8")) == {"ok": True}
     assert stale.exists()
+
+
+def test_a_temporary_whose_block_raises_is_gone_and_a_renamed_one_stays(tmp_path):
+    """Every writer makes its temporary with `temps.new` and holds it with `temps.holding`: an
+    error in the block removes the file or folder (nothing left for a sweep a minute on), and one
+    the block renamed into place before the error is left where it went."""
+    for folder in (False, True):
+        tmp = temps.new(tmp_path, ".a.", folder=folder)
+        assert temps.temp_pattern(".a.", ".tmp").fullmatch(tmp.name)
+        with pytest.raises(KeyboardInterrupt), temps.holding(tmp):
+            if folder:
+                (tmp / "part.bin").write_bytes(b"x")
+            assert temps.held(tmp)
+            raise KeyboardInterrupt
+        assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError), temps.held_file(tmp_path / "marker.json", "{}"):
+        assert temps.held(tmp_path / "marker.json")
+        raise ValueError
+    assert [p.name for p in tmp_path.iterdir()] == ["marker.json"]
+    assert not temps.held(tmp_path / "marker.json")

@@ -80,9 +80,7 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import struct
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -339,10 +337,9 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
     created = not out_dir.exists()
     with jsonio.making_folder(out_dir):   # /proc/x, a read-only disk: an error naming --out
         out_dir.mkdir(parents=True, exist_ok=True)
-        temps.sweep(out_dir, temps.temp_pattern(".partial-"))   # what killed compactions left
-        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir))
+        partial = temps.new(out_dir, ".partial-", suffix="", folder=True)   # killed ones' swept first
     try:
-        with temps.holding(partial):
+        with temps.holding(partial):   # (removed if the block raises)
             with _threads(faiss, threads if threads is not None else (1 if n < SMALL_JOB else None)):
                 report = _build(faiss, flat, flat_path, corpus_path, partial, plan, n, d, nprobe, chunk,
                                 eval_queries, ks, seed, progress, query_noise, fts, say)
@@ -360,7 +357,6 @@ def compact(flat_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
             install_files(partial, out_dir, [INDEX_FILE, STORE_FILE])
             partial.rmdir()
     except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
         if created:
             with contextlib.suppress(OSError):
                 out_dir.rmdir()  # only if empty
