@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,17 @@ def _no_progress_lines() -> None:
     found after heavy imports can take that long: the error tests read one line, so none in tests
     (tests/test_cli_options.py turns it on to test it)."""
     os.environ["DGPO_EDGE_PROGRESS_AFTER"] = "inf"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ctrl_c_as_a_terminal_sends_it():
+    """A shell without job control starts a background job (`make test &`, `nohup make test &` in a
+    script) with SIGINT ignored, and Python then leaves it ignored: the Ctrl-C tests' presses (SIGINT
+    to this process, or to a child, which inherits the ignoring) did nothing, and 7 of them failed.
+    They test a terminal's Ctrl-C, so the suite gives SIGINT the handler a terminal's Python has."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")
