@@ -159,7 +159,8 @@ def test_ctrl_c_keeps_the_whole_chunks_exits_130_and_the_rerun_writes_what_an_un
     lines: the rerun took the questions with rows for done and sampled the others as a smaller chunk,
     so its files differed from an uninterrupted run's. Now, as in `train sft|kd|ppo|dgpo|grpo`: one
     line saying what --out holds and how to go on, exit 130, the chunk's two appends kept together
-    (a second Ctrl-C stops at once), and the resumed run ends with the uninterrupted run's files."""
+    (a second Ctrl-C stops at once, and the rerun cuts the rows it left without progress lines), and
+    the resumed run ends with the uninterrupted run's files."""
     import dgpo_edge.cli.train_tgo as cli_tgo
     import dgpo_edge.train.tgo as tgo
     from train_helpers import ctrl_c
@@ -216,7 +217,11 @@ def test_ctrl_c_keeps_the_whole_chunks_exits_130_and_the_rerun_writes_what_an_un
         cut = tmp_path / "cut.jsonl"
         assert stopped(cut)[-1] == (f"interrupted inside chunk 1: nothing saved ({cut} has none of the 4 "
                                     "questions done yet)")
-    assert cut.is_file() and not progress_path(cut).exists()
+    assert cut.read_text() and progress_path(cut).read_text() == ""   # chunk 1's rows, not its progress lines
+    # its rerun cuts those rows and samples chunk 1 whole (it took q0 and q1 for done, or one of them)
+    assert "4 questions sampled (0 already done)" in tgo_into(cut).flat
+    assert cut.read_text() == whole.read_text()
+    assert progress_path(cut).read_text() == progress_path(whole).read_text()
 
 
 def test_tgo_refuses_an_out_that_is_its_questions_or_corpus_or_no_tgo_file(tmp_path):
@@ -250,3 +255,23 @@ def test_tgo_refuses_two_questions_with_one_id(tmp_path):
                     "--out", out)
     assert_one_line_error(result, str(data), "'same'")
     assert not out.exists()
+
+
+def test_rows_after_the_last_recorded_question_are_cut_and_an_output_alone_is_kept(tmp_path):
+    """done_ids: rows after the last question the progress file names are a chunk a kill stopped
+    between its two appends (cut: the rerun samples it whole); rows before it stay done, and an
+    output without a progress file (one copied alone) is never cut."""
+    from dgpo_edge.train.tgo import done_ids
+
+    def row(i):
+        return json.dumps({"id": i, "segments": []}) + "\n"
+
+    out = tmp_path / "t.jsonl"
+    out.write_text(row("q0") + row("q1") + row("q1"))
+    assert done_ids(out) == {"q0", "q1"} and out.read_text() == row("q0") + row("q1") + row("q1")
+    progress_path(out).write_text(json.dumps({"id": "q0", "samples": 2}) + "\n")
+    assert done_ids(out) == {"q0"} and out.read_text() == row("q0")
+    out.write_text(row("q5") + row("q0") + row("q2"))   # q5: before the last recorded row, so kept
+    assert done_ids(out) == {"q0", "q5"} and out.read_text() == row("q5") + row("q0")
+    progress_path(out).write_text("")
+    assert done_ids(out) == set() and out.read_text() == ""

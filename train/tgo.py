@@ -10,10 +10,12 @@ teacher sampled. Identical responses to one question are written once.
 Resumable: questions are processed in chunks; after each chunk its rows are
 appended to the output and one line per question (`id`, samples, correct) to
 `<out>.progress.jsonl`, each with a single write and an fsync. On restart, a
-torn last line is cut off and every question named in either file is
-skipped. Each chunk's seed depends on the run seed and the chunk's position in
-the data, so a run resumed at a chunk boundary writes what an uninterrupted
-one would have (a chunk cut short by a crash is redone, its rows not repeated).
+torn last line is cut off, rows after the last question the progress file names
+(a chunk a kill stopped between its two appends) are cut, and every question
+named in either file is skipped. Each chunk's seed depends on the run seed and
+the chunk's position in the data, so a run resumed at a chunk boundary writes
+what an uninterrupted one would have (a chunk cut short by a crash is redone,
+its rows not repeated).
 Ctrl-C stops with the last whole chunk written, as the trainers stop with their last whole step
 saved (plumbing.Interrupts): one while a chunk is written waits until both files have it.
 """
@@ -71,28 +73,50 @@ _ROW_MARKS = {"output": "segments", "progress": "samples"}
 
 
 def done_ids(out: str | Path) -> set[str]:
-    """Questions already handled: named in the progress file or in the output."""
-    done: set[str] = set()
-    for kind, path in (("output", Path(out)), ("progress", progress_path(out))):
-        if path.is_dir():
-            raise InputError("is a folder; --out names the .jsonl file the trajectories go to", path)
-        if not path.is_file():
+    """Questions already handled: those the progress file names, and those with rows in the output
+    before the last recorded question's. The rows after it are the chunk a kill (or a second Ctrl-C)
+    stopped between its two appends, with no progress lines: they are cut, and the rerun samples that
+    chunk whole, as an uninterrupted run does (taking their questions for done, it sampled the
+    others as a smaller chunk and wrote other files). An output without a progress file (one copied
+    alone) keeps every row's question done."""
+    out = Path(out)
+    progress = progress_path(out)
+    recorded = {i for i, _ in _row_ids(progress, "progress")}
+    rows = _row_ids(out, "output")
+    if progress.is_file():
+        kept = len(rows)
+        while kept and rows[kept - 1][0] not in recorded:
+            kept -= 1
+        if kept < len(rows):
+            os.truncate(out, rows[kept - 1][1] if kept else 0)
+            rows = rows[:kept]
+    return recorded | {i for i, _ in rows}
+
+
+def _row_ids(path: Path, kind: str) -> list[tuple[str, int]]:
+    """(id, byte offset just past its line) of each row of the `kind` file at `path` (none if absent);
+    a torn last line that a killed append left is cut."""
+    if path.is_dir():
+        raise InputError("is a folder; --out names the .jsonl file the trajectories go to", path)
+    if not path.is_file():
+        return []
+    rows: list[tuple[str, int]] = []
+    torn, end = False, 0
+    for line, raw in iter_lines(path):
+        if not raw.endswith(b"\n"):   # a crash's torn append: cut only once every whole line proved ours
+            torn = _check_torn(raw, path, line)
+            break
+        end += len(raw)
+        row = parse_json_line(raw, path, line)
+        if row is None:
             continue
-        torn = False
-        for line, raw in iter_lines(path):
-            if not raw.endswith(b"\n"):   # a crash's torn append: cut only once every whole line proved ours
-                torn = _check_torn(raw, path, line)
-                break
-            row = parse_json_line(raw, path, line)
-            if row is None:
-                continue
-            missing = [k for k in ("id", _ROW_MARKS[kind]) if k not in row]
-            if missing:
-                raise InputError(f"row has no {missing[0]!r}; not a `train tgo` {kind} file", path, line)
-            done.add(str(row["id"]))
-        if torn:
-            cut_torn_last_line(path)
-    return done
+        missing = [k for k in ("id", _ROW_MARKS[kind]) if k not in row]
+        if missing:
+            raise InputError(f"row has no {missing[0]!r}; not a `train tgo` {kind} file", path, line)
+        rows.append((str(row["id"]), end))
+    if torn:
+        cut_torn_last_line(path)
+    return rows
 
 
 def _check_torn(raw: bytes, path: Path, line: int) -> bool:
@@ -147,6 +171,8 @@ def generate_teacher_trajectories(model: Any, tokenizer: Any, examples: Sequence
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = done_ids(out)
+    if not out.is_file() or not out.stat().st_size:   # from the first chunk on, rows the progress file
+        _append(progress_path(out), [])               # does not name are a chunk cut between its appends
     stats = TgoStats(questions=len(examples))
     interrupts = Interrupts(unit="chunk", finishing="stopping once this chunk's trajectories are written "
                                                     "(Ctrl-C again stops at once, without it)")
@@ -200,8 +226,8 @@ def _run_chunk(model, tokenizer, chunk: list[QAExample], retriever, out: Path, c
         progress.append({"id": ex.id, "samples": n, "correct": len(correct), "written": len(seen)})
         stats.solved += bool(correct)
         stats.correct += len(correct)
-    # The two files name the chunk's questions done: written apart, a rerun would take those with rows
-    # for done and sample the others as a smaller chunk, which an uninterrupted run never does.
+    # Rows first: rows without their progress lines are a chunk cut between the appends, which the
+    # rerun cuts (done_ids). The commit keeps a first Ctrl-C from stopping the chunk there at all.
     commit()
     _append(out, rows)
     _append(progress_path(out), progress)
