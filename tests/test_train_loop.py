@@ -549,6 +549,46 @@ def test_a_fresh_start_drops_the_previous_attempts_tensorboard_curves(toy, tmp_p
     assert (tmp_path / "run" / "tb" / "my-notes.txt").read_text() == "mine"
 
 
+def test_a_pending_evaluation_logged_by_a_crashed_attempt_is_one_point_in_tensorboard(toy, tmp_path, monkeypatch):
+    """A run saved before step 2's dev evaluation (a Ctrl-C during it) resumes by evaluating step 2.
+    When that attempt crashed before the save right after it, the next one evaluated step 2 again:
+    eval.csv kept one row, but TensorBoard purged only from step 3 on, so dev/dev_em drew step 2
+    twice. Now step 2 is purged too and its train row, kept from the first attempt, written back:
+    every curve has each step once."""
+    pytest.importorskip("dgpo_edge.train.rollout")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from dgpo_edge.train import rollout
+    from dgpo_edge.train.trainer import Trainer
+
+    config = write_config(tmp_path / "c.yaml", toy["student"], toy["train"], tmp_path / "run",
+                          optim={"max_steps": 4, "batch_size": 2},
+                          data={"dev": str(toy["dev"]), "retriever": str(toy["corpus"])},
+                          eval={"every": 2, "engine": "plain", "batch_size": 1}, protocol={"max_turn_tokens": 8},
+                          log={"every": 1, "tensorboard": True, "progress": False})
+    real_play = rollout._play
+    with monkeypatch.context() as m:   # a Ctrl-C inside step 2's evaluation
+        m.setattr(rollout, "_play", lambda *a, **k: ctrl_c() or real_play(*a, **k))
+        _interrupted(config)
+
+    def crash(self, *args, **kwargs):   # in the save that follows step 2's evaluation, once it was logged
+        raise RuntimeError("the machine went away")
+
+    with monkeypatch.context() as m, pytest.raises(RuntimeError):
+        m.setattr(Trainer, "save_last", crash)
+        _sft(config)
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "eval.csv")] == ["2"]
+    assert saved_step(tmp_path / "run") == 2
+    _sft(config)
+    events = EventAccumulator(str(tmp_path / "run" / "tb"))
+    events.Reload()
+    steps = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert steps["train/loss"] == [1, 2, 3, 4] and steps["dev/dev_em"] == [2, 4], steps
+    assert all(s == sorted(set(s)) for s in steps.values()), steps
+    want = {int(r["step"]): float(r["loss"]) for r in read_metrics(tmp_path / "run" / "metrics.csv")}
+    assert {e.step: e.value for e in events.Scalars("train/loss")} == pytest.approx(want, rel=1e-6)
+
+
 @pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl", "jsd", "seqkd"])
 def test_kd_losses_train_the_student(toy, tmp_path, loss):
     config = write_config(tmp_path / "kd.yaml", toy["student"], toy["train"], tmp_path / "run",

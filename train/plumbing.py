@@ -556,8 +556,9 @@ class Loggers:
     """metrics.csv / eval.csv / report.jsonl (rows after a resumed step are dropped), TensorBoard, W&B.
 
     `eval_pending`: the resumed step's evaluation was stopped by a Ctrl-C and is done again first, so
-    its eval.csv and report.jsonl rows go too: a resumed run stopped again after writing them, before
-    its next save, resumes from the same pending step, and would otherwise write them twice."""
+    its eval.csv and report.jsonl rows go too, and TensorBoard's events from that step on: a resumed
+    run stopped again after writing them, before its next save, resumes from the same pending step,
+    and would otherwise write them twice."""
 
     def __init__(self, config: Any, out: Path, main: bool, start_step: int, eval_pending: bool = False):
         self.main = main
@@ -579,7 +580,13 @@ class Loggers:
                 # the previous attempt's curves go, or TensorBoard draws both runs as one
                 for old in (out / "tb").glob("events.out.tfevents.*"):
                     old.unlink()
-            self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1 if start_step else None)
+            # Events from the first step this run logs on are purged: TensorBoard drops what an attempt
+            # that crashed before its next save logged there. A pending evaluation is logged again at
+            # the resumed step itself, so that step is purged too, and its kept train row put back.
+            purge = start_step + (0 if eval_pending else 1) if start_step else None
+            self.tb = SummaryWriter(str(out / "tb"), purge_step=purge)
+            if eval_pending:
+                self._tb_scalars("train", _csv_row(self.train_csv, start_step))
         if config.log.wandb:
             try:
                 import wandb
@@ -611,18 +618,45 @@ class Loggers:
                 w.writeheader()
             w.writerow(row)
         numbers = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
-        if self.tb:
-            for k, v in numbers.items():
-                self.tb.add_scalar(f"{prefix}/{k}", v, row["step"])
-            self.tb.flush()
+        self._tb_scalars(prefix, {"step": row["step"], **numbers})
         if self.wandb:
             self.wandb.log({f"{prefix}/{k}": v for k, v in numbers.items()}, step=row["step"])
+
+    def _tb_scalars(self, prefix: str, numbers: dict | None) -> None:
+        """The row's numbers (and its `step`) as TensorBoard scalars."""
+        if self.tb and numbers:
+            for k, v in numbers.items():
+                if k != "step":
+                    self.tb.add_scalar(f"{prefix}/{k}", v, numbers["step"])
+            self.tb.flush()
 
     def close(self) -> None:
         if self.tb:
             self.tb.close()
         if self.wandb:
             self.wandb.finish()
+
+
+def _csv_row(path: Path, step: int) -> dict | None:
+    """metrics.csv's row of `step` as the numbers it was logged with (an empty cell: none), or None."""
+    if not path.exists():
+        return None
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("step") == str(step):
+                numbers = {k: _number(v) for k, v in row.items() if k != "step"}
+                return {"step": step, **{k: v for k, v in numbers.items() if v is not None}}
+    return None
+
+
+def _number(cell: str | None) -> float | None:
+    """A CSV cell as the number the row held (True/False as 1/0, as add_scalar takes a bool)."""
+    if cell in ("True", "False"):
+        return float(cell == "True")
+    try:
+        return float(cell)
+    except (TypeError, ValueError):
+        return None
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
