@@ -105,7 +105,7 @@ class EvalSection:
     # per evaluation); auto = the copy for bf16 runs on a GPU. The copy and the engine's cache stay
     # on the GPU for the whole run (training frees them after each evaluation). An RL run's
     # evaluations use its rollouts' decoder (rollout.weights decides whether that is a copy) unless
-    # this is training or eval.engine names a decoder other than rollout.engine (then the training
+    # this is training or eval.engine names a decoder other than auto and rollout.engine (then the training
     # weights, an engine per evaluation). In SFT/KD, eval.engine picks the copy's engine.
     weights: Literal["auto", "bf16_copy", "training"] = "auto"
     best_metric: str = "dev_em"  # checkpoints/best keeps the highest value of this metric

@@ -30,7 +30,7 @@ def bundle_command(
     max_searches: int = typer.Option(4, "--max-searches", help=f"{MAX_SEARCHES_HELP}, 0 to {MAX_SEARCHES}."),
     old_max_turns: Optional[int] = old_max_turns_option(),
     gpu_layers: int = typer.Option(0, "--gpu-layers", min=-1, help="Default llama.cpp GPU offload recorded in the "
-                                   "manifest (0 none, -1 all); `--gpu-layers` on ask, eval, chat overrides it."),
+                                   "manifest (0 none, -1 all); `--gpu-layers` on ask, eval, chat, serve overrides it."),
     max_turn_tokens: int = typer.Option(500, "--max-turn-tokens", min=1, help="New tokens per turn (the shipped "
                                         "student trained with 128)."),
     max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", min=1, help="Tokens per information block."),
