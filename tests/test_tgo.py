@@ -273,5 +273,7 @@ def test_rows_after_the_last_recorded_question_are_cut_and_an_output_alone_is_ke
     assert done_ids(out) == {"q0"} and out.read_text() == row("q0")
     out.write_text(row("q5") + row("q0") + row("q2"))   # q5: before the last recorded row, so kept
     assert done_ids(out) == {"q0", "q5"} and out.read_text() == row("q5") + row("q0")
+    out.write_bytes(b"\xef\xbb\xbf" + (row("q0") + row("q2")).encode())   # a byte-order mark, counted
+    assert done_ids(out) == {"q0"} and out.read_bytes() == b"\xef\xbb\xbf" + row("q0").encode()
     progress_path(out).write_text("")
     assert done_ids(out) == set() and out.read_text() == ""

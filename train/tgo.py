@@ -31,7 +31,7 @@ from typing import Any
 
 from ..datasets import QAExample
 from ..errors import InputError
-from ..jsonio import cut_torn_last_line, iter_lines, parse_json_line
+from ..jsonio import BOM, cut_torn_last_line, iter_lines, parse_json_line
 from ..retrieval.base import Retriever
 from .plumbing import Interrupts
 from .rollout import Rollout, RolloutConfig, generate_rollouts, make_engine
@@ -101,7 +101,8 @@ def _row_ids(path: Path, kind: str) -> list[tuple[str, int]]:
     if not path.is_file():
         return []
     rows: list[tuple[str, int]] = []
-    torn, end = False, 0
+    with open(path, "rb") as f:   # iter_lines drops a byte-order mark, which the offsets count
+        torn, end = False, len(BOM) if f.read(len(BOM)) == BOM else 0
     for line, raw in iter_lines(path):
         if not raw.endswith(b"\n"):   # a crash's torn append: cut only once every whole line proved ours
             torn = _check_torn(raw, path, line)
