@@ -570,7 +570,7 @@ class Loggers:
         if not main:
             return
         evals_through = start_step - 1 if eval_pending else start_step
-        _truncate_csv(self.train_csv, start_step)
+        header, kept = _truncate_csv(self.train_csv, start_step)
         _truncate_csv(self.eval_csv, evals_through)
         _truncate_jsonl(self.report_jsonl, evals_through)
         if config.log.tensorboard:
@@ -585,8 +585,8 @@ class Loggers:
             # the resumed step itself, so that step is purged too, and its kept train row put back.
             purge = start_step + (0 if eval_pending else 1) if start_step else None
             self.tb = SummaryWriter(str(out / "tb"), purge_step=purge)
-            if eval_pending:
-                self._tb_scalars("train", _csv_row(self.train_csv, start_step))
+            if eval_pending and kept and kept[-1][0] == str(start_step):   # that step's row, as logged
+                self._tb_scalars("train", start_step, dict(zip(header[1:], map(_number, kept[-1][1:]))))
         if config.log.wandb:
             try:
                 import wandb
@@ -618,16 +618,16 @@ class Loggers:
                 w.writeheader()
             w.writerow(row)
         numbers = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
-        self._tb_scalars(prefix, {"step": row["step"], **numbers})
+        self._tb_scalars(prefix, row["step"], numbers)
         if self.wandb:
             self.wandb.log({f"{prefix}/{k}": v for k, v in numbers.items()}, step=row["step"])
 
-    def _tb_scalars(self, prefix: str, numbers: dict | None) -> None:
-        """The row's numbers (and its `step`) as TensorBoard scalars."""
-        if self.tb and numbers:
+    def _tb_scalars(self, prefix: str, step: int, numbers: dict) -> None:
+        """A row's numbers as TensorBoard scalars at `step` (None: an empty cell, none)."""
+        if self.tb:
             for k, v in numbers.items():
-                if k != "step":
-                    self.tb.add_scalar(f"{prefix}/{k}", v, numbers["step"])
+                if v is not None:
+                    self.tb.add_scalar(f"{prefix}/{k}", v, step)
             self.tb.flush()
 
     def close(self) -> None:
@@ -637,25 +637,11 @@ class Loggers:
             self.wandb.finish()
 
 
-def _csv_row(path: Path, step: int) -> dict | None:
-    """metrics.csv's row of `step` as the numbers it was logged with (an empty cell: none), or None."""
-    if not path.exists():
-        return None
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if row.get("step") == str(step):
-                numbers = {k: _number(v) for k, v in row.items() if k != "step"}
-                return {"step": step, **{k: v for k, v in numbers.items() if v is not None}}
-    return None
-
-
-def _number(cell: str | None) -> float | None:
-    """A CSV cell as the number the row held (True/False as 1/0, as add_scalar takes a bool)."""
-    if cell in ("True", "False"):
-        return float(cell == "True")
+def _number(cell: str) -> float | None:
+    """A metrics.csv cell as the number it was logged as; None for an empty (or not numeric) one."""
     try:
         return float(cell)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
 
 
@@ -681,28 +667,30 @@ def _truncate_jsonl(path: Path, step: int) -> None:
         f.writelines(keep)
 
 
-def _truncate_csv(path: Path, step: int) -> None:
+def _truncate_csv(path: Path, step: int) -> tuple[list[str], list[list[str]]]:
     """Keep the rows up to `step` (those a resumed run will not log again); drop a torn last line.
+    Returns the header and the rows kept (none when there is no file).
 
     Step 0 is a fresh start (no checkpoint to resume): a previous attempt's rows all go.
     """
     if not path.exists():
-        return
+        return [], []
     if step == 0:
         path.unlink()
-        return
+        return [], []
     from dgpo_edge.jsonio import atomic_open
 
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
-        return
+        return [], []
     header, body = rows[0], rows[1:]
     keep = [r for r in body if len(r) == len(header) and r[0].isdigit() and int(r[0]) <= step]
     with atomic_open(path) as f:
         w = csv.writer(f)
         w.writerow(header)
         w.writerows(keep)
+    return header, keep
 
 
 @contextlib.contextmanager
